@@ -1,0 +1,100 @@
+"""The verify heads of SPEC.md as `nn.Module`s: the reference, and what CPU programs run.
+
+One module per head, so the lowering pass can find each head's subgraph by its
+`nn_module_stack` entry (see `HEAD_MODULES`). Only ops of the portable CPU
+kernels are used (no sort, cumprod, multinomial, rand, searchsorted or shifts).
+
+Glossary (SPEC.md): an *owner* is one sequence; owner o owns packed rows
+[offsets[o], offsets[o+1]); `tokens[a]` is its pending token and
+`tokens[a+1..b-1]` its drafts; row a+j decides position start_position[o]+j+1.
+*accepted* counts the leading drafts equal to the target's own token y_j;
+*next_token* is y at the first miss (the correction) or after the last draft
+(the bonus).
+"""
+
+import torch
+from torch import nn
+
+from . import owners, rng, sampling
+
+
+def _rows_per_pair(
+    pairs: owners.Pairs,
+    start_position: torch.Tensor,  # [O] int64
+    temperature: torch.Tensor,  # [O] float32
+    top_k: torch.Tensor,  # [O] int64
+    top_p: torch.Tensor,  # [O] float32
+    seed: torch.Tensor,  # [O] int64
+):
+    o = pairs.owner
+    position = start_position[o] + pairs.j + 1
+    return temperature[o], top_k[o], top_p[o], rng.uniform(seed[o], position, rng.SAMPLE)
+
+
+class _SearchBound(nn.Module):
+    """`max_rows=None` runs the cut searches unrolled (eager, Inductor); an int, the
+    program's row bound, runs them in one `scan` (compact ExecuTorch programs)."""
+
+    def __init__(self, max_rows: int | None = None):
+        super().__init__()
+        self.max_rows = max_rows
+
+
+class SampleRows(_SearchBound):
+    """`sample_rows`: the sampling rule on each row at its own position."""
+
+    def forward(
+        self,
+        logits: torch.Tensor,  # [N, V]
+        position: torch.Tensor,  # [N] int64
+        temperature: torch.Tensor,  # [N] float32
+        top_k: torch.Tensor,  # [N] int64
+        top_p: torch.Tensor,  # [N] float32
+        seed: torch.Tensor,  # [N] int64
+    ) -> torch.Tensor:  # [N] int64
+        u = rng.uniform(seed, position, rng.SAMPLE)
+        return sampling.sample(logits, temperature, top_k, top_p, u, self.max_rows)
+
+
+class DFlashVerify(_SearchBound):
+    """`dflash_verify`: every owner's drafts under that owner's sampling parameters."""
+
+    def forward(
+        self,
+        logits: torch.Tensor,  # [R, V]
+        tokens: torch.Tensor,  # [R] int64
+        offsets: torch.Tensor,  # [O+1] int64
+        start_position: torch.Tensor,  # [O] int64
+        temperature: torch.Tensor,  # [O] float32
+        top_k: torch.Tensor,  # [O] int64
+        top_p: torch.Tensor,  # [O] float32
+        seed: torch.Tensor,  # [O] int64
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O]
+        pairs = owners.pack_pairs(offsets, logits.shape[0])
+        temp, k, p, u = _rows_per_pair(pairs, start_position, temperature, top_k, top_p, seed)
+        y = sampling.sample(logits[pairs.row], temp, k, p, u, self.max_rows)
+        return owners.accept(pairs, y, tokens, logits.shape[-1])
+
+
+class DFlashVerifyArgmax(nn.Module):
+    """`dflash_verify_argmax`: `dflash_verify` with every owner greedy, no randomness."""
+
+    def forward(
+        self,
+        logits: torch.Tensor,  # [R, V]
+        tokens: torch.Tensor,  # [R] int64
+        offsets: torch.Tensor,  # [O+1] int64
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O]
+        pairs = owners.pack_pairs(offsets, logits.shape[0])
+        # The argmax does not depend on the owner: one per packed row, then per pair.
+        y = sampling.greedy(sampling.sanitize(logits))[pairs.row]
+        return owners.accept(pairs, y, tokens, logits.shape[-1])
+
+
+# Head name (the method / op name of SPEC.md) -> module class. The lowering pass
+# and the exporter both read this table.
+HEAD_MODULES: dict[str, type[nn.Module]] = {
+    "sample_rows": SampleRows,
+    "dflash_verify": DFlashVerify,
+    "dflash_verify_argmax": DFlashVerifyArgmax,
+}
