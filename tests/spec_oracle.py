@@ -57,7 +57,8 @@ def sample_row(logits, temperature, top_k, top_p, seed, position) -> Decision:
     order = sorted(finite, key=lambda v: (-float(x[v]), v))
     if 0 < top_k < vocab:
         order = order[:top_k]
-    e = {v: float(np.exp((x[v] - x_max) / temperature, dtype=np.float32)) for v in order}
+    with np.errstate(over="ignore"):  # float32 overflow to -inf is part of the rule
+        e = {v: float(np.exp((x[v] - x_max) / temperature, dtype=np.float32)) for v in order}
     close = False
 
     top_p = np.float32(top_p)

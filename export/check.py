@@ -1,0 +1,152 @@
+"""Export-and-run check: load an artifact in `executorch.runtime`, run every method,
+compare with the eager reference.
+
+Head methods run on seeded random cases (`cases.py`); their token ids must equal
+the eager reference's, except where SPEC.md allows a difference (`legal.py`),
+which is counted and reported separately. Constant methods must return what
+the config says. DFlash programs also run the reference driver's speculative
+loop (`driver.py`) against target-only decoding.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import artifact, cases, heads, legal, methods
+from .config import ExportConfig
+
+
+@dataclass
+class MethodResult:
+    name: str
+    runs: int = 0
+    exact: int = 0
+    legal: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def load_program(directory: Path):
+    """The artifact's program, loaded in `executorch.runtime` (every method loadable)."""
+    from executorch.runtime import Runtime
+
+    pte = directory / artifact.PTE
+    if not pte.exists():
+        raise artifact.ArtifactError(f"{pte} does not exist; run `dflash-et export` first")
+    return Runtime.get().load_program(pte)
+
+
+def _run(program, name: str, inputs: dict, spec: methods.MethodSpec) -> list[torch.Tensor]:
+    method = program.load_method(name)
+    return list(method.execute([inputs[t.name] for t in spec.inputs]))
+
+
+def _check_head(program, spec: methods.MethodSpec, cfg_limits, vocab, dtype, runs, g) -> MethodResult:
+    result = MethodResult(spec.name)
+    reference = heads.HEAD_MODULES[spec.head]()  # unrolled searches: the plain reference
+    for case_no in range(runs):
+        if spec.head == "sample_rows":
+            inputs = cases.sample_case(g, vocab, cfg_limits.max_rows, dtype)
+        else:
+            inputs = cases.verify_case(
+                g, vocab, cfg_limits.max_rows, cfg_limits.max_owners, dtype,
+                greedy_only=spec.head == "dflash_verify_argmax",
+            )
+        args = [inputs[t.name] for t in spec.inputs]
+        got = _run(program, spec.name, inputs, spec)
+        want = reference(*args)
+        want = list(want) if isinstance(want, tuple) else [want]
+        result.runs += 1
+        if all(torch.equal(a, b) for a, b in zip(got, want)):
+            result.exact += 1
+            continue
+        if spec.head == "sample_rows":
+            from . import rng
+
+            u = rng.uniform(inputs["seed"], inputs["position"], rng.SAMPLE)
+            close = legal.close_rows(inputs["logits"], inputs["temperature"], inputs["top_k"], inputs["top_p"], u)
+            differ = got[0] != want[0]
+        else:
+            if spec.head == "dflash_verify_argmax":
+                close = torch.zeros(inputs["offsets"].shape[0] - 1, dtype=torch.bool)
+            else:
+                close = legal.close_owners(*[inputs[t.name] for t in spec.inputs])
+            differ = (got[0] != want[0]) | (got[1] != want[1])
+        if bool((differ & ~close).any()):
+            bad = int(torch.nonzero(differ & ~close)[0])
+            result.problems.append(
+                f"case {case_no}: index {bad} differs: program {[t[bad].item() for t in got]}, "
+                f"reference {[t[bad].item() for t in want]}"
+            )
+        else:
+            result.legal += 1
+    return result
+
+
+def check_artifact(
+    cfg: ExportConfig, directory: str | Path, runs: int = 20, seed: int = 0, stream=None
+) -> bool:
+    """Run the check and print a report; True when everything matches."""
+    stream = stream or sys.stdout
+    directory = Path(directory)
+    manifest = artifact.read_manifest(directory)
+    if manifest is None:
+        raise artifact.ArtifactError(f"{directory} has no {artifact.MANIFEST}; run `dflash-et export` first")
+    if manifest.get("config_digest") != cfg.digest():
+        raise artifact.ArtifactError(
+            f"{directory} was exported from a different config than the one given; "
+            "pass the config it was exported with, or re-export"
+        )
+    if manifest.get("backend") == "cuda":
+        raise artifact.ArtifactError(
+            "CUDA artifacts cannot run in the pip `executorch.runtime` (a CPU build without "
+            "CudaBackend); check CUDA programs on a GPU with the ExecuTorch CUDA runtime"
+        )
+    artifact.verify_files(directory, manifest)
+    spec = methods.build(cfg)
+    program = load_program(directory)
+    g = torch.Generator().manual_seed(seed)
+    results = []
+
+    exported = set(program.method_names)
+    expected = {m.name for m in spec.methods} | set(spec.constants)
+    if exported != expected:
+        r = MethodResult("(method list)")
+        r.problems.append(f"program has {sorted(exported)}, config expects {sorted(expected)}")
+        results.append(r)
+
+    for name, value in spec.constants.items():
+        r = MethodResult(name, runs=1)
+        got = program.load_method(name).execute([])[0]
+        got = got.item() if isinstance(got, torch.Tensor) else got
+        if got == value:
+            r.exact = 1
+        else:
+            r.problems.append(f"returns {got!r}, config says {value!r}")
+        results.append(r)
+
+    for m in spec.methods:
+        if m.head is not None:
+            vocab = m.inputs[0].shape[1]
+            results.append(_check_head(program, m, cfg.limits, vocab, m.inputs[0].dtype, runs, g))
+    if cfg.program == "dflash":
+        from . import driver
+
+        results.extend(driver.check_program(cfg, directory, spec, seed=seed))
+
+    width = max(len(r.name) for r in results)
+    print(f"check of {directory} ({cfg.program}, {cfg.variant}, {cfg.backend})", file=stream)
+    for r in results:
+        status = "ok" if r.ok else "MISMATCH"
+        extra = f", {r.legal} with legal differences only" if r.legal else ""
+        print(f"  {r.name:<{width}}  {status:<8}  {r.exact}/{r.runs} exact{extra}", file=stream)
+        for p in r.problems[:5]:
+            print(f"      {p}", file=stream)
+    ok = all(r.ok for r in results)
+    print("check passed" if ok else "check FAILED", file=stream)
+    return ok

@@ -1,0 +1,161 @@
+"""Method tables: what each program exports, with named inputs, outputs and shapes.
+
+One `MethodSpec` per exported method drives tracing (example inputs and
+dynamic shapes), the manifest (names, dtypes, symbolic shapes) and the check.
+Shapes are tuples of ints and dim names; `DIMS` names the dynamic dims of
+SPEC.md and the config limit that bounds each.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from . import heads
+from .config import ExportConfig
+
+CONTRACT_VERSION = 1
+
+LOGITS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in LOGITS_DTYPES.items()} | {torch.int64: "int64", torch.bool: "bool"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: torch.dtype
+    shape: tuple  # ints and dim names ("rows", "owners", "owners+1", ...)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": DTYPE_NAMES[self.dtype], "shape": list(self.shape)}
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    module: nn.Module
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    head: str | None = None  # the verify head this method is (for the check and the lowering)
+    notes: str = ""
+    example: Callable[[], tuple] | None = None  # tracing inputs, when zeros would not do
+
+
+@dataclass
+class ProgramSpec:
+    methods: list[MethodSpec]
+    constants: dict  # constant methods: name -> int / str
+    dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max)
+
+
+# Example sizes for tracing: above 1 (export specialises 0 and 1) and distinct.
+_EXAMPLE = {"rows": 5, "owners": 2, "n": 3}
+
+
+def _dims(cfg: ExportConfig) -> dict[str, tuple[int, int]]:
+    return {
+        "rows": (1, cfg.limits.max_rows),
+        "owners": (1, cfg.limits.max_owners),
+        "n": (1, cfg.limits.max_rows),
+    }
+
+
+def head_methods(cfg: ExportConfig, vocab: int, logits_dtype: torch.dtype) -> list[MethodSpec]:
+    """The standalone heads of SPEC.md for this variant."""
+    bound = cfg.limits.max_rows
+    f32, i64 = torch.float32, torch.int64
+    verify_in = [
+        TensorSpec("logits", logits_dtype, ("rows", vocab)),
+        TensorSpec("tokens", i64, ("rows",)),
+        TensorSpec("offsets", i64, ("owners+1",)),
+    ]
+    verify_out = [TensorSpec("accepted", i64, ("owners",)), TensorSpec("next_token", i64, ("owners",))]
+    owner_params = [
+        TensorSpec("start_position", i64, ("owners",)),
+        TensorSpec("temperature", f32, ("owners",)),
+        TensorSpec("top_k", i64, ("owners",)),
+        TensorSpec("top_p", f32, ("owners",)),
+        TensorSpec("seed", i64, ("owners",)),
+    ]
+    if cfg.variant == "greedy":
+        return [
+            MethodSpec("dflash_verify_argmax", heads.DFlashVerifyArgmax(), verify_in, verify_out,
+                       head="dflash_verify_argmax"),
+        ]
+    sample_in = [
+        TensorSpec("logits", logits_dtype, ("n", vocab)),
+        TensorSpec("position", i64, ("n",)),
+        TensorSpec("temperature", f32, ("n",)),
+        TensorSpec("top_k", i64, ("n",)),
+        TensorSpec("top_p", f32, ("n",)),
+        TensorSpec("seed", i64, ("n",)),
+    ]
+    return [
+        MethodSpec("dflash_verify", heads.DFlashVerify(bound), verify_in + owner_params, verify_out,
+                   head="dflash_verify"),
+        MethodSpec("sample_rows", heads.SampleRows(bound), sample_in,
+                   [TensorSpec("tokens", i64, ("n",))], head="sample_rows"),
+    ]
+
+
+def heads_program(cfg: ExportConfig) -> ProgramSpec:
+    vocab = cfg.heads.vocab_size
+    methods = head_methods(cfg, vocab, LOGITS_DTYPES[cfg.head_logits_dtype])
+    constants = {
+        "contract_version": CONTRACT_VERSION,
+        "program": "heads",
+        "variant": cfg.variant,
+        "vocab_size": vocab,
+        "max_rows": cfg.limits.max_rows,
+        "max_owners": cfg.limits.max_owners,
+    }
+    return ProgramSpec(methods, constants, _dims(cfg))
+
+
+def build(cfg: ExportConfig) -> ProgramSpec:
+    if cfg.program == "heads":
+        return heads_program(cfg)
+    from . import dflash_program  # the target + drafter program
+
+    return dflash_program.build(cfg)
+
+
+def _resolve(size, sizes: dict[str, int]) -> int:
+    if isinstance(size, int):
+        return size
+    name, _, plus = size.partition("+")
+    return sizes[name] + int(plus or 0)
+
+
+def example_inputs(spec: MethodSpec, sizes: dict[str, int] | None = None) -> tuple[torch.Tensor, ...]:
+    """Valid-shaped inputs for tracing: the method's own, else zeros except offsets that
+    split the rows."""
+    if spec.example is not None and sizes is None:
+        return spec.example()
+    sizes = {**_EXAMPLE, **(sizes or {})}
+    out = []
+    for t in spec.inputs:
+        shape = tuple(_resolve(s, sizes) for s in t.shape)
+        if t.name == "offsets":
+            owners = shape[0] - 1
+            out.append(torch.linspace(0, sizes["rows"], owners + 1).round().to(torch.int64))
+        else:
+            out.append(torch.zeros(shape, dtype=t.dtype))
+    return tuple(out)
+
+
+def dynamic_shapes(spec: MethodSpec, dims: dict[str, tuple[int, int]]) -> tuple:
+    made: dict[str, Dim] = {}
+
+    def dim(name: str):
+        base, _, plus = name.partition("+")
+        if base not in made:
+            low, high = dims[base]
+            made[base] = Dim(base, min=low, max=high)
+        return made[base] + int(plus) if plus else made[base]
+
+    return tuple(
+        {i: dim(s) for i, s in enumerate(t.shape) if isinstance(s, str)} or None for t in spec.inputs
+    )

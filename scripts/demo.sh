@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: export the default config to a .pte, load and run
+# every method in the ExecuTorch runtime, check it against the eager reference.
+#   scripts/demo.sh [config]      (default: heads-sampling)
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+ensure_env
+cd "$ROOT"
+CONFIG="${1:-heads-sampling}"
+OUT="out/${CONFIG##*/}"
+OUT="${OUT%.yaml}"
+CLI="$VENV/bin/dflash-et"
+
+"$CLI" export --config "$CONFIG" --output-dir "$OUT" --force
+"$CLI" check --config "$CONFIG" --artifact "$OUT"
+"$PY" - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+m = json.loads((out / "manifest.json").read_text())
+print(f"\nartifact {out}: program {m['program']}, variant {m['variant']}, backend {m['backend']}")
+for name, meta in m["files"].items():
+    print(f"  {name}: {meta['bytes'] / 1e6:.2f} MB  sha256 {meta['sha256'][:16]}")
+for name, meth in m["methods"].items():
+    args = ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in meth["inputs"])
+    print(f"  method {name}({args})")
+print("  constants: " + ", ".join(f"{k}={v}" for k, v in m["constants"].items()))
+PY

@@ -1,0 +1,41 @@
+# Sourced by demo.sh and test.sh: create .venv and install what the project needs, once.
+# The only place that installs anything. Pins: torch 2.13.0 (the CPU build; never a CUDA
+# one), executorch 1.5.1 (paired with torch 2.13), triton 3.7.0 (kernels; CPU interpreter).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+REQUIREMENTS=(
+  "torch==2.13.0"
+  "executorch==1.5.1"
+  "triton==3.7.0"
+  "pyyaml>=6"
+  "numpy"
+  "scipy"
+  "safetensors"
+  "pytest>=8"
+  "cmake>=3.28,<4"
+)
+
+ensure_env() {
+  local stamp="$VENV/.dflash-et-installed"
+  local want
+  want="$(printf '%s\n' "${REQUIREMENTS[@]}" | sha256sum | cut -c1-16)-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  echo "[setup] creating $VENV and installing (torch 2.13.0 CPU, executorch 1.5.1, triton 3.7.0) ..." >&2
+  [[ -x "$PY" ]] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip >&2
+  # torch first and alone: the CPU build this machine carries. The constraint keeps every
+  # later install (executorch asks for torch too) from replacing it with a CUDA build.
+  "$PY" -m pip install -q "torch==2.13.0" >&2
+  local constraints="$VENV/constraints.txt"
+  echo "torch==2.13.0" > "$constraints"
+  "$PY" -m pip install -q -c "$constraints" "${REQUIREMENTS[@]:1}" >&2
+  "$PY" -m pip install -q -c "$constraints" --no-build-isolation --no-deps -e "$ROOT" >&2
+  "$PY" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__; assert not torch.version.cuda, 'a CUDA torch was installed'"
+  echo "$want" > "$stamp"
+}

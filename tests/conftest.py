@@ -1,0 +1,33 @@
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spec_oracle and helpers
+
+logging.getLogger("torchao").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+
+
+def small_config(tmp_path: Path, variant: str, vocab: int = 1000, max_rows: int = 64,
+                 max_owners: int = 16, logits_dtype: str = "float32", **extra) -> Path:
+    """A heads config with a small vocab, written to tmp_path."""
+    import yaml
+
+    data = {
+        "program": "heads", "backend": "portable", "variant": variant, "logits_dtype": logits_dtype,
+        "heads": {"vocab_size": vocab}, "limits": {"max_rows": max_rows, "max_owners": max_owners},
+        **extra,
+    }
+    path = tmp_path / f"heads-{variant}-{vocab}-{logits_dtype}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    return lambda *a, **k: small_config(tmp_path, *a, **k)

@@ -1,0 +1,96 @@
+"""CPU programs: every config exports, every method loads and runs in executorch.runtime
+(a missing portable kernel only shows at load time), and matches the eager reference."""
+
+import io
+import json
+
+import pytest
+import torch
+
+from dflash_et.export import artifact, check, config, exporter, methods
+
+
+@pytest.fixture(scope="module")
+def builtin_artifacts(tmp_path_factory):
+    out = {}
+    for name in ("heads-greedy", "heads-sampling"):
+        cfg = config.load(name)
+        out[name] = (cfg, exporter.export_program(cfg, tmp_path_factory.mktemp(name)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["heads-greedy", "heads-sampling"])
+def test_builtin_configs_export_load_and_match_eager(builtin_artifacts, name):
+    cfg, directory = builtin_artifacts[name]
+    program = check.load_program(directory)
+    spec = methods.build(cfg)
+    assert set(program.method_names) == {m.name for m in spec.methods} | set(spec.constants)
+    for method in program.method_names:
+        program.load_method(method)  # raises on a missing kernel
+    report = io.StringIO()
+    assert check.check_artifact(cfg, directory, runs=6, stream=report), report.getvalue()
+
+
+@pytest.mark.parametrize("variant,dtype", [("sampling", "bfloat16"), ("sampling", "float16"), ("greedy", "bfloat16")])
+def test_small_vocab_programs_in_every_logits_dtype(make_config, tmp_path, variant, dtype):
+    cfg = config.load(str(make_config(variant, vocab=257, logits_dtype=dtype)))
+    directory = exporter.export_program(cfg, tmp_path / "art")
+    report = io.StringIO()
+    assert check.check_artifact(cfg, directory, runs=15, stream=report), report.getvalue()
+
+
+def test_program_runs_at_the_shape_bounds(make_config, tmp_path):
+    cfg = config.load(str(make_config("sampling", vocab=64, max_rows=16, max_owners=16)))
+    directory = exporter.export_program(cfg, tmp_path / "art")
+    program = check.load_program(directory)
+    verify = program.load_method("dflash_verify")
+    from dflash_et.export import heads
+
+    for rows, owners in ((1, 1), (16, 16), (16, 1), (3, 2)):
+        g = torch.Generator().manual_seed(rows * 100 + owners)
+        logits = torch.randn(rows, 64, generator=g)
+        tokens = torch.randint(0, 64, (rows,), generator=g)
+        offsets = torch.linspace(0, rows, owners + 1).round().long()
+        params = [torch.arange(owners), torch.full((owners,), 0.9), torch.full((owners,), 10),
+                  torch.full((owners,), 0.95), torch.arange(owners) + 7]
+        got = verify.execute([logits, tokens, offsets, *params])
+        want = heads.DFlashVerify()(logits, tokens, offsets, *params)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(RuntimeError):  # past the bound: refused, not out of bounds
+        verify.execute([torch.randn(17, 64), torch.zeros(17, dtype=torch.int64), torch.tensor([0, 17]), *params[:1],
+                        *[p[:1] for p in params[1:]]])
+
+
+def test_manifest_describes_the_program(builtin_artifacts):
+    cfg, directory = builtin_artifacts["heads-sampling"]
+    manifest = json.loads((directory / artifact.MANIFEST).read_text())
+    assert manifest["config_digest"] == cfg.digest()
+    assert set(manifest["methods"]) == {"dflash_verify", "sample_rows"}
+    verify = manifest["methods"]["dflash_verify"]
+    assert [i["name"] for i in verify["inputs"]] == [
+        "logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+    assert verify["inputs"][0] == {"name": "logits", "dtype": "float32", "shape": ["rows", 32000]}
+    assert verify["outputs"] == [
+        {"name": "accepted", "dtype": "int64", "shape": ["owners"]},
+        {"name": "next_token", "dtype": "int64", "shape": ["owners"]}]
+    assert manifest["dims"]["rows"] == {"min": 1, "max": 256}
+    assert manifest["constants"]["vocab_size"] == 32000
+    assert manifest["files"]["model.pte"]["sha256"] == artifact.sha256((directory / "model.pte").read_bytes())
+    assert {"torch", "executorch", "dflash_et"} <= set(manifest["versions"])
+    assert (directory / artifact.CONFIG).read_text() == cfg.to_yaml()
+
+
+def test_check_fails_loudly_on_a_wrong_program(builtin_artifacts, monkeypatch):
+    # A reference that disagrees with the program must make the check fail, with a report.
+    cfg, directory = builtin_artifacts["heads-greedy"]
+    from dflash_et.export import heads
+
+    class OffByOne(heads.DFlashVerifyArgmax):
+        def forward(self, logits, tokens, offsets):
+            accepted, next_token = super().forward(logits, tokens, offsets)
+            return accepted, torch.where(next_token >= 0, next_token + 1, next_token)
+
+    monkeypatch.setitem(heads.HEAD_MODULES, "dflash_verify_argmax", OffByOne)
+    report = io.StringIO()
+    assert not check.check_artifact(cfg, directory, runs=4, stream=report)
+    assert "MISMATCH" in report.getvalue() and "check FAILED" in report.getvalue()
