@@ -5,6 +5,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on the CPU through the interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spec_oracle and helpers
 
@@ -26,6 +30,9 @@ def small_config(tmp_path: Path, variant: str, vocab: int = 1000, max_rows: int 
     path = tmp_path / f"heads-{variant}-{vocab}-{logits_dtype}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture

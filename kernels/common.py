@@ -1,0 +1,106 @@
+"""Pieces every verify-head kernel shares: the Philox uniform, logit sanitising,
+order-preserving keys, and the (owner, j) pair layout of packed owners.
+
+All `@triton.jit` helpers; they follow `export/rng.py`, `export/sampling.py` and
+`export/owners.py` (the plain-PyTorch reference) bit for bit.
+"""
+
+import triton
+import triton.language as tl
+
+FLT_MAX = 3.4028234663852886e38
+SAMPLE = 1  # SPEC.md purpose of the uniform that decides the target's token
+SIGN = -2147483648  # int32 0x80000000
+
+
+@triton.jit
+def uniform(seed, position):
+    """SPEC.md: u = (2 * (x0 >> 9) + 1) * 2^-24 of Philox4x32-10(key = seed,
+    counter = (0, position_lo, SAMPLE, position_hi)). Scalars in, fp32 scalar out."""
+    zero = tl.zeros((), dtype=tl.uint32)
+    pos_lo = (position & 0xFFFFFFFF).to(tl.uint32)
+    pos_hi = ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    x0, _, _, _ = tl.philox(seed, zero, pos_lo, zero + SAMPLE, pos_hi, n_rounds=10)
+    return ((x0 >> 9).to(tl.int32) * 2 + 1).to(tl.float32) * (2.0**-24)
+
+
+@triton.jit
+def sanitize(x):
+    """Step 1 of the rule: float32, NaN -> -inf, +inf -> FLT_MAX; -0 -> +0 so that
+    equal logits get equal keys."""
+    x = x.to(tl.float32)
+    x = tl.where(x != x, float("-inf"), x)
+    x = tl.minimum(x, FLT_MAX)
+    return tl.where(x == 0.0, 0.0, x)
+
+
+@triton.jit
+def ordered_key(x):
+    """fp32 -> int32 whose signed order is the float order (sanitized input)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def key_value(key):
+    """Inverse of `ordered_key`."""
+    bits = key ^ ((key >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def unsigned_key(x):
+    """fp32 -> int64 in [0, 2^32): the ordered key as an unsigned radix key."""
+    return ordered_key(x).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def weight(x, x_max, temperature):
+    """SPEC.md step 5 in float32: exp((x - x_max) / T), IEEE division."""
+    return tl.exp(tl.math.div_rn(x - x_max, temperature))
+
+
+@triton.jit
+def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr):
+    """(start slot, admitted rows, first packed row) of `owner` (see export/owners.py):
+    valid owners' rows laid out owner after owner; an owner whose slots end past
+    `num_rows` is not admitted (0 rows)."""
+    carry = tl.zeros((), dtype=tl.int64)
+    end = tl.zeros((), dtype=tl.int64)
+    n_own = tl.zeros((), dtype=tl.int64)
+    a_own = tl.zeros((), dtype=tl.int64)
+    for base in range(0, num_owners, BLOCK_O):
+        o = base + tl.arange(0, BLOCK_O)
+        live = o < num_owners
+        a = tl.load(offsets_ptr + o, mask=live, other=0)
+        b = tl.load(offsets_ptr + o + 1, mask=live, other=0)
+        n = tl.where(live & (a >= 0) & (b <= num_rows) & (b >= a), b - a, 0)
+        ends = carry + tl.cumsum(n, 0)
+        mine = o == owner
+        end += tl.sum(tl.where(mine, ends, 0))
+        n_own += tl.sum(tl.where(mine, n, 0))
+        a_own += tl.sum(tl.where(mine, a, 0))
+        carry += tl.sum(n)
+    admitted = tl.where(end <= num_rows, n_own, 0)
+    return end - n_own, admitted, a_own
+
+
+@triton.jit
+def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr):
+    """The (owner, j) pair at `slot`: (used, owner, j, packed row, rows of the owner)."""
+    carry = tl.zeros((), dtype=tl.int64)
+    count = tl.zeros((), dtype=tl.int64)  # owners ending at or before the slot
+    for base in range(0, num_owners, BLOCK_O):
+        o = base + tl.arange(0, BLOCK_O)
+        live = o < num_owners
+        a = tl.load(offsets_ptr + o, mask=live, other=0)
+        b = tl.load(offsets_ptr + o + 1, mask=live, other=0)
+        n = tl.where(live & (a >= 0) & (b <= num_rows) & (b >= a), b - a, 0)
+        ends = carry + tl.cumsum(n, 0)
+        count += tl.sum((live & (ends <= slot)).to(tl.int64))
+        carry += tl.sum(n)
+    owner = tl.minimum(count, num_owners - 1)
+    start, rows, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
+    j = slot - start
+    used = (count < num_owners) & (j < rows)
+    return used, owner, j, tl.where(used, first_row + j, 0), rows

@@ -1,0 +1,72 @@
+"""`dflash::sample_rows`: the sampling rule of SPEC.md on every row, fused.
+
+Algorithm: one program per row runs `sampling_rule.decide` with the token always
+needed (see that module: one HBM pass; a search pass for temperature-only rows;
+radix-selected candidates sorted in registers for top-k / top-p rows).
+
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
+CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .launch import candidate_cap, check_inputs, check_length, row_block, scratch_width
+from .sampling_rule import decide
+
+CAP = 1024  # candidates sorted in registers per top-k / top-p row
+
+
+@triton.jit
+def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                       seed_ptr, out_ptr, work_ptr, vocab,
+                       BLOCK: tl.constexpr, CAP: tl.constexpr, WORK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    token, _, _, _ = decide(
+        logits_ptr + row * stride, vocab, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
+        tl.load(top_p_ptr + row), tl.load(seed_ptr + row), tl.load(position_ptr + row), -1,
+        work_ptr + row * WORK, True, BLOCK, CAP)
+    tl.store(out_ptr + row, token)
+
+
+def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = None):
+    n, vocab = logits.shape
+    cap = candidate_cap(vocab, cap, CAP)
+    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    work = torch.empty(n, scratch_width(cap), dtype=torch.int64, device=logits.device)
+    block, warps = row_block(vocab)
+    if n > 0:
+        wrap_triton(sample_rows_kernel)[(n,)](
+            logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab,
+            BLOCK=block, CAP=cap, WORK=work.shape[1], num_warps=warps)
+    return out
+
+
+@triton_op("dflash::sample_rows", mutates_args={})
+def sample_rows(
+    logits: torch.Tensor,  # [N, V]
+    position: torch.Tensor,  # [N] int64
+    temperature: torch.Tensor,  # [N] float32
+    top_k: torch.Tensor,  # [N] int64
+    top_p: torch.Tensor,  # [N] float32
+    seed: torch.Tensor,  # [N] int64
+) -> torch.Tensor:  # [N] int64
+    params = {"position": position, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+              "seed": seed}
+    check_inputs("sample_rows", logits, **params)
+    for name, t in params.items():
+        check_length("sample_rows", name, t, logits.shape[0], "N (logits rows)")
+    return launch(logits, position, temperature, top_k, top_p, seed)
+
+
+@sample_rows.register_fake
+def _(logits, position, temperature, top_k, top_p, seed):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
+    from .launch import SUPPORTED_DTYPES
+
+    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31

@@ -1,0 +1,154 @@
+"""`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
+
+Algorithm, two launches (no host synchronisation between them):
+
+1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
+   out as in `export/owners.py`): the row's decision by `sampling_rule.decide`,
+   without searching for the token where "y == draft" can be answered without it
+   (temperature-only rows). Writes (token or -2, match, x_max, mass) to scratch.
+2. `verify_accept_kernel`, one program per owner: the first unmatched j (the last
+   row never matches: no draft follows it), then y there; only a temperature-only
+   row runs its token search here, so at most one search per owner.
+
+Greedy owners take the argmax path inside the same launch. Invalid, empty and
+not-admitted owners give (0, -1) and read nothing.
+
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31.
+Reference: `export.heads.DFlashVerify`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from .common import owner_layout, pair_of_slot, uniform
+from .launch import candidate_cap, check_inputs, check_length, row_block, scratch_width
+from .sampling_rule import decide, search_row
+
+CAP = 1024
+BLOCK_O = 1024  # owners per step of the layout loops
+BLOCK_J = 64  # pair slots per step of the first-miss loop
+
+
+@triton.jit
+def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
+                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                       CAP: tl.constexpr, WORK: tl.constexpr, BLOCK_O: tl.constexpr):
+    slot = tl.program_id(0).to(tl.int64)
+    used, owner, j, row, n = pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O)
+    work = work_ptr + slot * WORK
+    token = tl.zeros((), dtype=tl.int64) - 1
+    match = tl.zeros((), dtype=tl.int1)
+    x_max = tl.zeros((), dtype=tl.float32)
+    mass = tl.zeros((), dtype=tl.float64)
+    if used:
+        draft = tl.load(tokens_ptr + tl.minimum(row + 1, num_rows - 1))
+        draft = tl.where(j < n - 1, draft, -1)
+        if GREEDY:
+            temperature = tl.zeros((), dtype=tl.float32)
+            top_k = tl.zeros((), dtype=tl.int64)
+            top_p = tl.zeros((), dtype=tl.float32) + 1.0
+            seed = tl.zeros((), dtype=tl.int64)
+            position = tl.zeros((), dtype=tl.int64)
+        else:
+            temperature = tl.load(temperature_ptr + owner)
+            top_k = tl.load(top_k_ptr + owner)
+            top_p = tl.load(top_p_ptr + owner)
+            seed = tl.load(seed_ptr + owner)
+            position = tl.load(start_position_ptr + owner) + j + 1
+        token, match, x_max, mass = decide(
+            logits_ptr + row * stride, vocab, temperature, top_k, top_p, seed, position, draft,
+            work, False, BLOCK, CAP)
+    results = work + CAP  # after the candidate slots
+    tl.store(results, token)
+    tl.store(results + 1, match.to(tl.int64))
+    tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(results + 3, mass.to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, temperature_ptr,
+                         seed_ptr, work_ptr, accepted_ptr, next_token_ptr,
+                         num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                         WORK: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr):
+    owner = tl.program_id(0).to(tl.int64)
+    start, n, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
+    accepted = tl.zeros((), dtype=tl.int64)
+    token = tl.zeros((), dtype=tl.int64) - 1
+    if n > 0:
+        miss = n - 1  # the last row never matches
+        for base in range(0, n, BLOCK_J):
+            j = base + tl.arange(0, BLOCK_J)
+            matched = tl.load(work_ptr + (start + j) * WORK + CAP + 1, mask=j < n, other=1)
+            miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
+        accepted = miss
+        results = work_ptr + (start + miss) * WORK + CAP
+        token = tl.load(results)
+        if token == -2:  # a temperature-only row: search its token now
+            temperature = tl.load(temperature_ptr + owner)
+            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
+            x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
+            mass = tl.load(results + 3).to(tl.float64, bitcast=True)
+            token = search_row(logits_ptr + (first_row + miss) * stride, vocab, x_max, temperature,
+                               u.to(tl.float64) * mass, -1, 0, -1, 0, -1, BLOCK)
+    tl.store(accepted_ptr + owner, accepted)
+    tl.store(next_token_ptr + owner, token)
+
+
+def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed,
+           greedy: bool = False, cap: int | None = None):
+    num_rows, vocab = logits.shape
+    cap = candidate_cap(vocab, 16 if greedy else cap, CAP)
+    num_owners = offsets.shape[0] - 1
+    device = logits.device
+    accepted = torch.empty(num_owners, dtype=torch.int64, device=device)
+    next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
+    work = torch.empty(num_rows, scratch_width(cap), dtype=torch.int64, device=device)
+    block, warps = row_block(vocab)
+    if num_rows > 0 and num_owners > 0:
+        wrap_triton(verify_rows_kernel)[(num_rows,)](
+            logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
+            seed, work, num_rows, num_owners, vocab, GREEDY=greedy, BLOCK=block, CAP=cap,
+            WORK=work.shape[1], BLOCK_O=BLOCK_O, num_warps=warps)
+        wrap_triton(verify_accept_kernel)[(num_owners,)](
+            logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
+            next_token, num_rows, num_owners, vocab, BLOCK=block, CAP=cap, WORK=work.shape[1],
+            BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=warps)
+    else:
+        accepted.zero_()
+        next_token.fill_(-1)
+    return accepted, next_token
+
+
+@triton_op("dflash::dflash_verify", mutates_args={})
+def dflash_verify(
+    logits: torch.Tensor,  # [R, V]
+    tokens: torch.Tensor,  # [R] int64
+    offsets: torch.Tensor,  # [O+1] int64
+    start_position: torch.Tensor,  # [O] int64
+    temperature: torch.Tensor,  # [O] float32
+    top_k: torch.Tensor,  # [O] int64
+    top_p: torch.Tensor,  # [O] float32
+    seed: torch.Tensor,  # [O] int64
+) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O]
+    owner_params = {"start_position": start_position, "temperature": temperature, "top_k": top_k,
+                    "top_p": top_p, "seed": seed}
+    check_inputs("dflash_verify", logits, tokens=tokens, offsets=offsets, **owner_params)
+    check_length("dflash_verify", "tokens", tokens, logits.shape[0], "R (logits rows)")
+    for name, t in owner_params.items():
+        check_length("dflash_verify", name, t, offsets.shape[0] - 1, "O (offsets entries - 1)")
+    return launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed)
+
+
+@dflash_verify.register_fake
+def _(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed):
+    owners = offsets.shape[0] - 1
+    return (offsets.new_empty((owners,), dtype=torch.int64), offsets.new_empty((owners,), dtype=torch.int64))
+
+
+def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
+    from .launch import SUPPORTED_DTYPES
+
+    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31

@@ -1,0 +1,159 @@
+"""The fused Triton kernels against the reference heads (CPU: TRITON_INTERPRET=1).
+
+Token ids must be identical except SPEC.md's legal differences, which `legal.py`
+detects independently of both implementations. Small candidate caps force the
+radix refinement levels and the slow top-p path on small vocabularies.
+"""
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
+from dflash_et.export import cases, heads, legal, rng
+from dflash_et.kernels import sample_rows as sample_rows_kernel
+from dflash_et.kernels import verify as verify_kernel
+
+VERIFY_KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+SAMPLE_KEYS = ["logits", "position", "temperature", "top_k", "top_p", "seed"]
+
+
+def _to(inp):
+    return {k: v.to(DEVICE) for k, v in inp.items()}
+
+
+def _check_samples(inp, got):
+    want = heads.SampleRows()(*[inp[k].cpu() for k in SAMPLE_KEYS])
+    u = rng.uniform(inp["seed"].cpu(), inp["position"].cpu(), rng.SAMPLE)
+    close = legal.close_rows(inp["logits"].cpu(), inp["temperature"].cpu(), inp["top_k"].cpu(),
+                             inp["top_p"].cpu(), u)
+    differ = got.cpu() != want
+    assert not bool((differ & ~close).any()), (
+        f"rows {torch.nonzero(differ & ~close).flatten().tolist()}: kernel {got.cpu()[differ & ~close].tolist()}, "
+        f"reference {want[differ & ~close].tolist()}")
+    return int(close.sum())
+
+
+def _check_verify(inp, got, greedy=False):
+    args = [inp[k].cpu() for k in VERIFY_KEYS]
+    want = heads.DFlashVerifyArgmax()(*args[:3]) if greedy else heads.DFlashVerify()(*args)
+    close = torch.zeros_like(want[0], dtype=torch.bool) if greedy else legal.close_owners(*args)
+    differ = (got[0].cpu() != want[0]) | (got[1].cpu() != want[1])
+    assert not bool((differ & ~close).any()), (
+        f"owners {torch.nonzero(differ & ~close).flatten().tolist()} offsets {args[2].tolist()}: "
+        f"kernel {got[0].tolist()} {got[1].tolist()}, reference {want[0].tolist()} {want[1].tolist()}")
+    return int(close.sum())
+
+
+@pytest.mark.parametrize("vocab,cap", [(1, None), (7, None), (40, None), (200, 8), (300, 16)])
+def test_sample_rows_matches_reference(vocab, cap):
+    g = torch.Generator().manual_seed(vocab)
+    close = rows = 0
+    for _ in range(4):
+        inp = _to(cases.sample_case(g, vocab, 24, torch.float32))
+        got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=cap)
+        close += _check_samples(inp, got)
+        rows += got.shape[0]
+    assert close <= rows // 4 + 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sample_rows_half_precision(dtype):
+    g = torch.Generator().manual_seed(3)
+    inp = _to(cases.sample_case(g, 64, 24, dtype))
+    _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS]))
+
+
+@pytest.mark.parametrize("vocab,cap", [(5, None), (40, None), (120, 8)])
+def test_verify_matches_reference(vocab, cap):
+    g = torch.Generator().manual_seed(100 + vocab)
+    for _ in range(8):
+        inp = _to(cases.verify_case(g, vocab, 40, 8, torch.float32))
+        got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=cap)
+        _check_verify(inp, got)
+
+
+def test_verify_argmax_matches_reference():
+    g = torch.Generator().manual_seed(7)
+    for dtype in (torch.float32, torch.bfloat16):
+        for _ in range(10):
+            inp = _to(cases.verify_case(g, 33, 40, 8, dtype, greedy_only=True))
+            got = torch.ops.dflash.dflash_verify_argmax(inp["logits"], inp["tokens"], inp["offsets"])
+            _check_verify(inp, got, greedy=True)
+
+
+def test_slow_top_p_path_with_flat_and_tied_rows():
+    # Near-equal logits: the top-p cut lies far past 8 candidates, so the bisection path
+    # runs; all-tied rows put every cut inside one tie group (radix level 3, tie rooms).
+    # top_p values keep p * S_k away from whole multiples of the tied weights, so no row
+    # sits in a legal band and every row is judged exactly.
+    g = torch.Generator().manual_seed(9)
+    n, vocab = 12, 150
+    logits = torch.randn(n, vocab, generator=g) * 0.05
+    logits[:4] = 0.25  # all tied
+    inp = _to({
+        "logits": logits, "position": torch.arange(n) * 11, "temperature": torch.full((n,), 1.0),
+        "top_k": torch.tensor([0, 100, 5, 37, 140, 0, 0, 37, 0, 0, 149, 0]),
+        "top_p": torch.tensor([0.9033, 0.7071, 1.0, 0.5123, 1.0, 0.3, 0.99, 0.8, 0.6, 1e-3, 0.75, 0.5]),
+        "seed": torch.arange(n) + 5,
+    })
+    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8)) == 0
+
+
+def test_overlapping_and_invalid_owners():
+    g = torch.Generator().manual_seed(10)
+    logits = torch.randn(8, 20, generator=g)
+    tokens = torch.cat([torch.tensor([0]), logits.argmax(-1)[:-1]])
+    for offsets in ([0, 5, 2, 6], [0, 3, 1, 3], [2, 6, 0, 3], [-1, 4, 9], [0, 0, 0], [3, 3, 8]):
+        o = len(offsets) - 1
+        inp = _to({"logits": logits, "tokens": tokens, "offsets": torch.tensor(offsets),
+                   "start_position": torch.arange(o), "temperature": torch.tensor([0.0, 0.9, 1.1, 0.5][:o]),
+                   "top_k": torch.tensor([0, 3, 0, 5][:o]), "top_p": torch.tensor([1.0, 0.8, 0.9, 1.0][:o]),
+                   "seed": torch.arange(o) + 1})
+        _check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
+        _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+
+
+def test_kernel_against_the_oracle_directly():
+    import spec_oracle
+
+    g = torch.Generator().manual_seed(11)
+    inp = cases.verify_case(g, 30, 30, 6, torch.float32)
+    got = torch.ops.dflash.dflash_verify(*[_to(inp)[k] for k in VERIFY_KEYS])
+    acc, nxt, close = spec_oracle.verify(inp["logits"].numpy(), inp["tokens"].tolist(), inp["offsets"].tolist(),
+                                         inp["start_position"].tolist(), inp["temperature"].tolist(),
+                                         inp["top_k"].tolist(), inp["top_p"].tolist(), inp["seed"].tolist())
+    for o in range(len(acc)):
+        if not close[o]:
+            assert (int(got[0][o]), int(got[1][o])) == (acc[o], nxt[o])
+
+
+def test_bad_inputs_name_the_input_and_the_fix():
+    x = torch.randn(4, 10, device=DEVICE)
+    i64 = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    f32 = torch.ones(4, device=DEVICE)
+    with pytest.raises(ValueError, match="temperature must be torch.float32"):
+        torch.ops.dflash.sample_rows(x, i64, i64, i64, f32, i64)
+    with pytest.raises(ValueError, match="logits dtype torch.float64 is not supported"):
+        torch.ops.dflash.sample_rows(x.double(), i64, f32, i64, f32, i64)
+    with pytest.raises(ValueError, match=r"logits must be \[rows, V\]"):
+        torch.ops.dflash.dflash_verify_argmax(x[0], i64, i64[:2])
+    with pytest.raises(RuntimeError, match="tokens must have R"):
+        torch.ops.dflash.dflash_verify_argmax(x, i64[:3], i64[:2])
+    with pytest.raises(ValueError, match="contiguous"):
+        torch.ops.dflash.dflash_verify_argmax(x.t().contiguous().t(), i64, i64[:2])
+
+
+def test_ops_trace_as_single_nodes_with_their_fake_shapes():
+    class Head(torch.nn.Module):
+        def forward(self, logits, tokens, offsets):
+            return torch.ops.dflash.dflash_verify_argmax(logits, tokens, offsets)
+
+    logits, tokens, offsets = torch.randn(5, 9), torch.zeros(5, dtype=torch.int64), torch.tensor([0, 2, 5])
+    rows, owners = torch.export.Dim("rows", min=1, max=64), torch.export.Dim("owners", min=1, max=8)
+    ep = torch.export.export(Head(), (logits, tokens, offsets),
+                             dynamic_shapes=({0: rows}, {0: rows}, {0: owners + 1}))
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls if "dflash" in str(n.target)] == [torch.ops.dflash.dflash_verify_argmax.default]
+    out = ep.module()(torch.randn(7, 9), torch.zeros(7, dtype=torch.int64), torch.tensor([0, 3, 4, 7]))
+    assert out[0].shape == (3,) and out[1].shape == (3,)
