@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _quiet_third_party()
     from .export import artifact
+    from .lowering.errors import LoweringError
 
     try:
         cfg = config_mod.load(args.config)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             from .export import driver
 
             return driver.run_cli(cfg, args.artifact, steps=args.steps, seed=args.seed)
-    except (config_mod.ConfigError, artifact.ArtifactError) as e:
+    except (config_mod.ConfigError, artifact.ArtifactError, LoweringError) as e:
         print(f"dflash-et: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,12 +1,14 @@
 """Config -> `.pte`: trace every method, lower, serialize, write the artifact."""
 
+import contextlib
 import platform
+import warnings
 from pathlib import Path
 
 import torch
 
 from .. import __version__
-from . import artifact, methods
+from . import artifact, boundary, methods
 from .config import ExportConfig
 
 
@@ -44,25 +46,59 @@ def manifest(cfg: ExportConfig, spec: methods.ProgramSpec) -> dict:
     }
 
 
-def trace(spec: methods.ProgramSpec, progress: artifact.Progress) -> dict:
+def trace(spec: methods.ProgramSpec, progress: artifact.Progress, device: str = "cpu") -> dict:
+    """torch.export every method (the verify heads inside keep their boundary markers,
+    `boundary.py`: the CUDA lowering fuses them, the portable lowering strips them)."""
     programs = {}
     with torch.no_grad():
         for m in spec.methods:
             with progress.stage(f"tracing {m.name}"):
+                module = m.module.eval().to(device)
+                inputs = tuple(t.to(device) for t in methods.example_inputs(m))
                 programs[m.name] = torch.export.export(
-                    m.module.eval(),
-                    methods.example_inputs(m),
+                    module,
+                    inputs,
                     dynamic_shapes=methods.dynamic_shapes(m, spec.dims),
                     strict=False,
                 )
     return programs
 
 
-def lower_portable(programs: dict, spec: methods.ProgramSpec) -> dict[str, bytes]:
-    from executorch.exir import to_edge_transform_and_lower
+def executorch_config(spec: methods.ProgramSpec):
+    """`to_executorch` settings: with shared state, mutable buffers (KV caches) are planned
+    once for the whole program, keyed by their names, so a write by one method is read by
+    the next (by default each method would get its own copy)."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
 
-    edge = to_edge_transform_and_lower(programs, constant_methods=spec.constants)
-    return {artifact.PTE: edge.to_executorch().buffer}
+    if not spec.shared_state:
+        return None
+    return ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),  # fresh: it keeps state
+        emit_mutable_buffer_names=True,
+    )
+
+
+def lower_portable(
+    programs: dict, spec: methods.ProgramSpec, progress: artifact.Progress | None = None
+) -> dict[str, bytes]:
+    """Edge-lower each method on its own (one progress stage each: this is the slow part,
+    ~40 ms per graph node), then plan memory and emit them together as one program. The
+    bytes are the same as from one `to_edge_transform_and_lower` call over all methods."""
+    from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
+
+    stage = progress.stage if progress is not None else (lambda _: contextlib.nullcontext())
+    edge = {}
+    for name, program in programs.items():
+        boundary.strip(program)  # the CPU program keeps the plain ATen heads
+        with stage(f"lowering {name} (portable)"):
+            edge[name] = to_edge_transform_and_lower({name: program}).exported_program(name)
+    with stage("planning memory and serializing"), warnings.catch_warnings():
+        # KV caches are mutated buffers whose initial contents are not serialized; that is
+        # the contract (docs/CONTRACT.md), not a problem to report on every export.
+        warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected")
+        manager = EdgeProgramManager(edge, constant_methods=methods.constant_values(spec))
+        return {artifact.PTE: manager.to_executorch(executorch_config(spec)).buffer}
 
 
 def export_program(
@@ -73,15 +109,18 @@ def export_program(
     out = Path(output_dir)
     artifact.check_overwrite(out, cfg.digest(), force)
     spec = methods.build(cfg)
-    progress = progress or artifact.Progress(total=len(spec.methods) + 2)
-    programs = trace(spec, progress)
-    with progress.stage(f"lowering and serializing ({cfg.backend})"):
-        if cfg.backend == "cuda":
-            from ..lowering import cuda
+    lowering_stages = 1 if cfg.backend == "cuda" else len(spec.methods) + 1
+    progress = progress or artifact.Progress(total=len(spec.methods) + lowering_stages + 1)
+    if cfg.backend == "cuda":
+        from ..lowering import cuda as cuda_lowering
 
-            files, lowering_report = cuda.lower(programs, spec, cfg)
-        else:
-            files, lowering_report = lower_portable(programs, spec), None
+        cuda_lowering.require_cuda()  # before minutes of tracing
+    programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
+    if cfg.backend == "cuda":
+        with progress.stage(f"lowering and serializing ({cfg.backend})"):
+            files, lowering_report = cuda_lowering.lower(programs, spec, cfg)
+    else:
+        files, lowering_report = lower_portable(programs, spec, progress), None
     with progress.stage(f"writing {out}"):
         meta = manifest(cfg, spec)
         if lowering_report is not None:

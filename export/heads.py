@@ -1,7 +1,8 @@
 """The verify heads of SPEC.md as `nn.Module`s: the reference, and what CPU programs run.
 
 One module per head, so the lowering pass can find each head's subgraph by its
-`nn_module_stack` entry (see `HEAD_MODULES`). Only ops of the portable CPU
+`nn_module_stack` entry (see `HEAD_MODULES`); while exporting, each head also
+marks its exact inputs and outputs (`boundary.py`). Only ops of the portable CPU
 kernels are used (no sort, cumprod, multinomial, rand, searchsorted or shifts).
 
 Glossary (SPEC.md): an *owner* is one sequence; owner o owns packed rows
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from . import owners, rng, sampling
+from .boundary import mark
 
 
 def _rows_per_pair(
@@ -52,8 +54,11 @@ class SampleRows(_SearchBound):
         top_p: torch.Tensor,  # [N] float32
         seed: torch.Tensor,  # [N] int64
     ) -> torch.Tensor:  # [N] int64
+        logits, position, temperature, top_k, top_p, seed = mark(
+            "sample_rows", "inputs", logits, position, temperature, top_k, top_p, seed)
         u = rng.uniform(seed, position, rng.SAMPLE)
-        return sampling.sample(logits, temperature, top_k, top_p, u, self.max_rows)
+        tokens = sampling.sample(logits, temperature, top_k, top_p, u, self.max_rows)
+        return mark("sample_rows", "outputs", tokens)[0]
 
 
 class DFlashVerify(_SearchBound):
@@ -70,10 +75,13 @@ class DFlashVerify(_SearchBound):
         top_p: torch.Tensor,  # [O] float32
         seed: torch.Tensor,  # [O] int64
     ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O]
+        logits, tokens, offsets, start_position, temperature, top_k, top_p, seed = mark(
+            "dflash_verify", "inputs", logits, tokens, offsets, start_position, temperature, top_k,
+            top_p, seed)
         pairs = owners.pack_pairs(offsets, logits.shape[0])
         temp, k, p, u = _rows_per_pair(pairs, start_position, temperature, top_k, top_p, seed)
         y = sampling.sample(logits[pairs.row], temp, k, p, u, self.max_rows)
-        return owners.accept(pairs, y, tokens, logits.shape[-1])
+        return mark("dflash_verify", "outputs", *owners.accept(pairs, y, tokens, logits.shape[-1]))
 
 
 class DFlashVerifyArgmax(nn.Module):
@@ -85,10 +93,11 @@ class DFlashVerifyArgmax(nn.Module):
         tokens: torch.Tensor,  # [R] int64
         offsets: torch.Tensor,  # [O+1] int64
     ) -> tuple[torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O]
+        logits, tokens, offsets = mark("dflash_verify_argmax", "inputs", logits, tokens, offsets)
         pairs = owners.pack_pairs(offsets, logits.shape[0])
         # The argmax does not depend on the owner: one per packed row, then per pair.
         y = sampling.greedy(sampling.sanitize(logits))[pairs.row]
-        return owners.accept(pairs, y, tokens, logits.shape[-1])
+        return mark("dflash_verify_argmax", "outputs", *owners.accept(pairs, y, tokens, logits.shape[-1]))
 
 
 # Head name (the method / op name of SPEC.md) -> module class. The lowering pass

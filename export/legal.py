@@ -25,7 +25,7 @@ def close_rows(
     n, vocab = x.shape
     sampling_row = (temperature > 0) & (x > float("-inf")).any(dim=-1)
     values, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties by index
-    rank = torch.arange(vocab).expand(n, vocab)
+    rank = torch.arange(vocab, device=x.device).expand(n, vocab)
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab).unsqueeze(-1)
     kept_sorted = (values > float("-inf")) & (rank < k)
     x_max = torch.where(values[:, :1] > float("-inf"), values[:, :1], 0.0)
@@ -56,5 +56,6 @@ def close_owners(
     o = pairs.owner
     u = rng.uniform(seed[o], start_position[o] + pairs.j + 1, rng.SAMPLE)
     close = close_rows(logits[pairs.row], temperature[o], top_k[o], top_p[o], u) & pairs.used
-    mine = pairs.owner.unsqueeze(0) == torch.arange(offsets.shape[0] - 1).unsqueeze(1)
+    owner_ids = torch.arange(offsets.shape[0] - 1, device=offsets.device)
+    mine = pairs.owner.unsqueeze(0) == owner_ids.unsqueeze(1)
     return (mine & close.unsqueeze(0)).any(dim=1)

@@ -46,8 +46,17 @@ class MethodSpec:
 @dataclass
 class ProgramSpec:
     methods: list[MethodSpec]
-    constants: dict  # constant methods: name -> int / str
+    constants: dict  # constant methods: name -> int / str / list of ints (an int64 tensor in the program)
     dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (min, max)
+    # Methods mutate buffers (KV caches) that every method must see: the exporter plans
+    # mutable buffers once per program, shared by name, instead of once per method.
+    shared_state: bool = False
+
+
+def constant_values(spec: ProgramSpec) -> dict:
+    """The constant methods as the lowering takes them: a list of ints becomes one int64
+    tensor (ExecuTorch would make a list several outputs; a C++ runtime reads one tensor)."""
+    return {k: torch.tensor(v, dtype=torch.int64) if isinstance(v, list) else v for k, v in spec.constants.items()}
 
 
 # Example sizes for tracing: above 1 (export specialises 0 and 1) and distinct.
@@ -62,9 +71,16 @@ def _dims(cfg: ExportConfig) -> dict[str, tuple[int, int]]:
     }
 
 
+def search_bound(cfg: ExportConfig) -> int | None:
+    """The heads' `max_rows`: the row bound runs their cut searches in a `scan` (compact
+    ExecuTorch CPU programs); None unrolls them (what AOTInductor compiles for CUDA,
+    where the searches run unfused only with lowering.fused_verify: false)."""
+    return None if cfg.backend == "cuda" else cfg.limits.max_rows
+
+
 def head_methods(cfg: ExportConfig, vocab: int, logits_dtype: torch.dtype) -> list[MethodSpec]:
     """The standalone heads of SPEC.md for this variant."""
-    bound = cfg.limits.max_rows
+    bound = search_bound(cfg)
     f32, i64 = torch.float32, torch.int64
     verify_in = [
         TensorSpec("logits", logits_dtype, ("rows", vocab)),

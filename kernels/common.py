@@ -8,9 +8,9 @@ All `@triton.jit` helpers; they follow `export/rng.py`, `export/sampling.py` and
 import triton
 import triton.language as tl
 
-FLT_MAX = 3.4028234663852886e38
-SAMPLE = 1  # SPEC.md purpose of the uniform that decides the target's token
-SIGN = -2147483648  # int32 0x80000000
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+SAMPLE = tl.constexpr(1)  # SPEC.md purpose of the uniform that decides the target's token
+
 
 
 @triton.jit

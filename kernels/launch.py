@@ -4,30 +4,51 @@ Validation looks at shapes, dtypes and devices only: nothing here reads tensor
 data, so the launches stay capturable in a CUDA graph (no host synchronisation).
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_BLOCK = 4096
-WORK_SLOTS = 4  # per row: token, match, x_max bits, mass bits (after the candidates)
+LIGHT_BLOCK = 4096
+FILTERED_BLOCK = 1024
+CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
+WORK_SLOTS = 4  # per row: token, match, x_max bits, mass bits (after the candidate buffer)
 
 INT64 = torch.int64
 F32 = torch.float32
 
 
-def row_block(vocab: int) -> tuple[int, int]:
-    """(BLOCK, num_warps) for a row of `vocab` logits."""
-    block = min(MAX_BLOCK, max(16, triton.next_power_of_2(vocab)))
-    return block, 8 if block >= 2048 else 4
+@dataclass(frozen=True)
+class RowConfig:
+    """Compile-time shape of one row-kernel instance."""
+
+    block: int  # logits per loop step
+    warps: int
+    stages: int  # software-pipelining depth of the HBM pass
+    cap: int  # best tokens kept as candidates (filtered rows)
+    buf: int  # candidate buffer entries: >= cap + block, a power of two
 
 
-def candidate_cap(vocab: int, cap: int | None, default: int) -> int:
-    """Candidates per top-k / top-p row: `default`, but no more than the row can hold."""
-    return cap if cap is not None else min(default, max(16, triton.next_power_of_2(vocab)))
+def launch_config(vocab: int, cap: int | None = None, block: int | None = None) -> tuple[RowConfig, RowConfig]:
+    """(light, filtered) row-kernel configs for rows of `vocab` logits. `cap` and
+    `block` override the filtered instance's (tests force buffer shrinks with them).
+
+    Light rows (greedy, temperature only) stream big blocks with deep pipelining at
+    low register use. Filtered rows also hold the candidate filter and sorts: smaller
+    blocks keep ptxas under 255 registers without spills on sm_90.
+    """
+    pow2 = max(16, triton.next_power_of_2(vocab))
+    cap = cap if cap is not None else min(CAP, pow2)
+    light = RowConfig(block=min(LIGHT_BLOCK, pow2), warps=8 if pow2 >= 1024 else 4, stages=3, cap=16, buf=32)
+    block = block if block is not None else min(FILTERED_BLOCK, pow2)
+    buf = triton.next_power_of_2(cap + block)
+    heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)
+    return light, heavy
 
 
-def scratch_width(cap: int) -> int:
-    return cap + WORK_SLOTS
+def scratch_width(buf: int) -> int:
+    return buf + WORK_SLOTS
 
 
 def check_inputs(op: str, logits: torch.Tensor, **named: torch.Tensor) -> None:

@@ -6,6 +6,9 @@ Algorithm, two launches (no host synchronisation between them):
    out as in `export/owners.py`): the row's decision by `sampling_rule.decide`,
    without searching for the token where "y == draft" can be answered without it
    (temperature-only rows). Writes (token or -2, match, x_max, mass) to scratch.
+   Launched twice: a light instance decides greedy and temperature-only rows, a
+   FILTERED instance (more registers: candidate buffer and sorts) top-k / top-p
+   rows; each skips the other's rows, so light rows keep a high occupancy.
 2. `verify_accept_kernel`, one program per owner: the first unmatched j (the last
    row never matches: no draft follows it), then y there; only a temperature-only
    row runs its token search here, so at most one search per owner.
@@ -23,10 +26,9 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
-from .launch import candidate_cap, check_inputs, check_length, row_block, scratch_width
+from .launch import check_inputs, check_length, launch_config, scratch_width
 from .sampling_rule import decide, search_row
 
-CAP = 1024
 BLOCK_O = 1024  # owners per step of the layout loops
 BLOCK_J = 64  # pair slots per step of the first-miss loop
 
@@ -34,12 +36,13 @@ BLOCK_J = 64  # pair slots per step of the first-miss loop
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
-                       CAP: tl.constexpr, WORK: tl.constexpr, BLOCK_O: tl.constexpr):
+                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
+                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                       STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     slot = tl.program_id(0).to(tl.int64)
     used, owner, j, row, n = pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O)
     work = work_ptr + slot * WORK
-    token = tl.zeros((), dtype=tl.int64) - 1
+    token = tl.zeros((), dtype=tl.int64) - 1  # unused slots: nothing reads them
     match = tl.zeros((), dtype=tl.int1)
     x_max = tl.zeros((), dtype=tl.float32)
     mass = tl.zeros((), dtype=tl.float64)
@@ -60,19 +63,21 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             position = tl.load(start_position_ptr + owner) + j + 1
         token, match, x_max, mass = decide(
             logits_ptr + row * stride, vocab, temperature, top_k, top_p, seed, position, draft,
-            work, False, BLOCK, CAP)
-    results = work + CAP  # after the candidate slots
-    tl.store(results, token)
-    tl.store(results + 1, match.to(tl.int64))
-    tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(results + 3, mass.to(tl.int64, bitcast=True))
+            work, FILTERED, False, BLOCK, CAP, BUF, STAGES)
+    if token != -3:  # -3: a row of the other instance
+        results = work + BUF  # after the candidate buffer
+        tl.store(results, token)
+        tl.store(results + 1, match.to(tl.int64))
+        tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+        tl.store(results + 3, mass.to(tl.int64, bitcast=True))
 
 
 @triton.jit
 def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, temperature_ptr,
                          seed_ptr, work_ptr, accepted_ptr, next_token_ptr,
-                         num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                         WORK: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr):
+                         num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                         BUF: tl.constexpr, WORK: tl.constexpr, BLOCK_O: tl.constexpr,
+                         BLOCK_J: tl.constexpr):
     owner = tl.program_id(0).to(tl.int64)
     start, n, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
     accepted = tl.zeros((), dtype=tl.int64)
@@ -81,41 +86,47 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         miss = n - 1  # the last row never matches
         for base in range(0, n, BLOCK_J):
             j = base + tl.arange(0, BLOCK_J)
-            matched = tl.load(work_ptr + (start + j) * WORK + CAP + 1, mask=j < n, other=1)
+            matched = tl.load(work_ptr + (start + j) * WORK + BUF + 1, mask=j < n, other=1)
             miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
         accepted = miss
-        results = work_ptr + (start + miss) * WORK + CAP
+        results = work_ptr + (start + miss) * WORK + BUF
         token = tl.load(results)
-        if token == -2:  # a temperature-only row: search its token now
-            temperature = tl.load(temperature_ptr + owner)
-            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
-            x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
-            mass = tl.load(results + 3).to(tl.float64, bitcast=True)
-            token = search_row(logits_ptr + (first_row + miss) * stride, vocab, x_max, temperature,
-                               u.to(tl.float64) * mass, -1, 0, -1, 0, -1, BLOCK)
+        if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
+            if token == -2:  # a temperature-only row: search its token now
+                temperature = tl.load(temperature_ptr + owner)
+                u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
+                x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
+                mass = tl.load(results + 3).to(tl.float64, bitcast=True)
+                token = search_row(logits_ptr + (first_row + miss) * stride, vocab, x_max,
+                                   temperature, u.to(tl.float64) * mass, -1, 0, -1, 0, -1, BLOCK)
     tl.store(accepted_ptr + owner, accepted)
     tl.store(next_token_ptr + owner, token)
 
 
 def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed,
-           greedy: bool = False, cap: int | None = None):
+           greedy: bool = False, cap: int | None = None,
+           block: int | None = None):
     num_rows, vocab = logits.shape
-    cap = candidate_cap(vocab, 16 if greedy else cap, CAP)
     num_owners = offsets.shape[0] - 1
     device = logits.device
     accepted = torch.empty(num_owners, dtype=torch.int64, device=device)
     next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
-    work = torch.empty(num_rows, scratch_width(cap), dtype=torch.int64, device=device)
-    block, warps = row_block(vocab)
+    light, heavy = launch_config(vocab, cap, block)
+    width = scratch_width(heavy.buf)
+    work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
     if num_rows > 0 and num_owners > 0:
-        wrap_triton(verify_rows_kernel)[(num_rows,)](
-            logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
-            seed, work, num_rows, num_owners, vocab, GREEDY=greedy, BLOCK=block, CAP=cap,
-            WORK=work.shape[1], BLOCK_O=BLOCK_O, num_warps=warps)
+        args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
+                seed, work, num_rows, num_owners, vocab)
+        for cfg, filtered in ((light, False), (heavy, True)):
+            if filtered and greedy:
+                continue
+            wrap_triton(verify_rows_kernel)[(num_rows,)](
+                *args, GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf,
+                WORK=width, STAGES=cfg.stages, BLOCK_O=BLOCK_O, num_warps=cfg.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
-            next_token, num_rows, num_owners, vocab, BLOCK=block, CAP=cap, WORK=work.shape[1],
-            BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=warps)
+            next_token, num_rows, num_owners, vocab, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf,
+            WORK=width, BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=light.warps)
     else:
         accepted.zero_()
         next_token.fill_(-1)

@@ -45,13 +45,16 @@ def _check_verify(inp, got, greedy=False):
     return int(close.sum())
 
 
-@pytest.mark.parametrize("vocab,cap", [(1, None), (7, None), (40, None), (200, 8), (300, 16)])
-def test_sample_rows_matches_reference(vocab, cap):
+# (vocab, candidate cap, filtered block): small caps and blocks make the candidate
+# buffer fill and shrink many times per row, and send rows down the slow path.
+@pytest.mark.parametrize("vocab,cap,block", [(1, None, None), (7, None, None), (40, None, None),
+                                             (200, 8, 16), (300, 16, 32)])
+def test_sample_rows_matches_reference(vocab, cap, block):
     g = torch.Generator().manual_seed(vocab)
     close = rows = 0
     for _ in range(4):
         inp = _to(cases.sample_case(g, vocab, 24, torch.float32))
-        got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=cap)
+        got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=cap, block=block)
         close += _check_samples(inp, got)
         rows += got.shape[0]
     assert close <= rows // 4 + 2
@@ -64,12 +67,12 @@ def test_sample_rows_half_precision(dtype):
     _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS]))
 
 
-@pytest.mark.parametrize("vocab,cap", [(5, None), (40, None), (120, 8)])
-def test_verify_matches_reference(vocab, cap):
+@pytest.mark.parametrize("vocab,cap,block", [(5, None, None), (40, None, None), (120, 8, 16)])
+def test_verify_matches_reference(vocab, cap, block):
     g = torch.Generator().manual_seed(100 + vocab)
     for _ in range(8):
         inp = _to(cases.verify_case(g, vocab, 40, 8, torch.float32))
-        got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=cap)
+        got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=cap, block=block)
         _check_verify(inp, got)
 
 
@@ -97,7 +100,20 @@ def test_slow_top_p_path_with_flat_and_tied_rows():
         "top_p": torch.tensor([0.9033, 0.7071, 1.0, 0.5123, 1.0, 0.3, 0.99, 0.8, 0.6, 1e-3, 0.75, 0.5]),
         "seed": torch.arange(n) + 5,
     })
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8)) == 0
+    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+def test_candidate_buffer_keeps_exactly_the_best_tokens():
+    # With a near-flat temperature every member of the top-k set is about equally
+    # likely: a wrong member (a buffer shrink that dropped a better token) shows at once.
+    g = torch.Generator().manual_seed(12)
+    n, vocab = 48, 200
+    logits = torch.randn(n, vocab, generator=g)
+    logits[::4] = torch.randn(n // 4, vocab, generator=g).sort(dim=-1).values  # best tokens come last
+    inp = _to({"logits": logits, "position": torch.arange(n) * 7, "temperature": torch.full((n,), 1e3),
+               "top_k": torch.tensor([1, 2, 3, 5, 8, 7])[torch.arange(n) % 6],
+               "top_p": torch.ones(n), "seed": torch.arange(n)})
+    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 def test_overlapping_and_invalid_owners():

@@ -1,0 +1,232 @@
+"""Benchmark the verify heads on a CUDA GPU (not a test).
+
+One run measures the copy-bandwidth floor, then times (median, CUDA events via
+triton.testing.do_bench) each head at owners {1, 8, 64} x 16 rows, V in
+{151936, 202048}, bfloat16 and float32, modes {greedy, temperature 0.8, + top-k 50,
++ top-p 0.9, top-k 50 + top-p 0.9}, against the eager PyTorch reference
+(export/heads.py), a sort-based PyTorch pipeline (what a user would write) and
+their torch.compile versions. Prints a markdown table and writes it to --out.
+
+    python benchmarks/bench_verify.py --out benchmarks/RESULTS.md [--quick]
+
+Floor: one read of the logits at the measured device-to-device copy bandwidth
+(bytes read + written over time). Inputs smaller than ~4x the L2 rotate among
+several copies so that the timings measure HBM, not the cache.
+"""
+
+import argparse
+import itertools
+import math
+import platform
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
+from dflash_et.export import heads, rng
+
+MODES = {  # name -> (temperature, top_k, top_p)
+    "greedy": (0.0, 0, 1.0),
+    "temp 0.8": (0.8, 0, 1.0),
+    "+top-k 50": (0.8, 50, 1.0),
+    "+top-p 0.9": (0.8, 0, 0.9),
+    "top-k 50 + top-p 0.9": (0.8, 50, 0.9),
+}
+ROWS_PER_OWNER = 16
+ROTATE_BYTES = 256 << 20
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=400, return_mode="median")
+    return 2 * n / (ms * 1e-3)
+
+
+def realistic_logits(g, rows, vocab, dtype):
+    """LLM-like rows: a Gaussian body plus a few dozen strongly preferred tokens."""
+    x = torch.randn(rows, vocab, generator=g, device="cuda") * 2.0
+    head = torch.randint(0, vocab, (rows, 24), generator=g, device="cuda")
+    boost = 6.0 + 8.0 * torch.rand(rows, 24, generator=g, device="cuda")
+    x.scatter_add_(1, head, boost)
+    return x.to(dtype)
+
+
+def make_inputs(g, owners, vocab, dtype, mode, flat=False):
+    rows = owners * ROWS_PER_OWNER
+    x = (torch.randn(rows, vocab, generator=g, device="cuda") * 1.0).to(dtype) if flat else \
+        realistic_logits(g, rows, vocab, dtype)
+    t, k, p = MODES[mode]
+    draft = x.float().argmax(-1)  # right for greedy owners, often right for sampling ones
+    tokens = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), draft[:-1]])
+    offsets = torch.arange(owners + 1, device="cuda") * ROWS_PER_OWNER
+    return {
+        "logits": x, "tokens": tokens, "offsets": offsets,
+        "start_position": torch.randint(0, 4096, (owners,), generator=g, device="cuda"),
+        "temperature": torch.full((owners,), t, device="cuda"),
+        "top_k": torch.full((owners,), k, dtype=torch.int64, device="cuda"),
+        "top_p": torch.full((owners,), p, device="cuda"),
+        "seed": torch.arange(owners, device="cuda") + 1234,
+    }
+
+
+KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+
+
+def sort_pipeline(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed):
+    """What a user would write: sort, mask top-k / top-p, softmax, inverse CDF, compare."""
+    num_rows, vocab = logits.shape
+    owners = offsets.numel() - 1
+    n = offsets[1:] - offsets[:-1]
+    owner = torch.repeat_interleave(torch.arange(owners, device=logits.device), n, output_size=num_rows)
+    j = torch.arange(num_rows, device=logits.device) - offsets[:-1][owner]
+    temp, k, p = temperature[owner], top_k[owner], top_p[owner]
+    x = logits.float() / temp.clamp_min(1e-5).unsqueeze(1)
+    values, index = x.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)
+    values = values.masked_fill((k.unsqueeze(1) > 0) & (ranks >= k.unsqueeze(1)), float("-inf"))
+    probs = values.softmax(-1)
+    before = probs.cumsum(-1) - probs
+    probs = probs.masked_fill((before >= p.unsqueeze(1)) & (ranks > 0), 0.0)
+    cdf = probs.cumsum(-1)
+    u = rng.uniform(seed[owner], start_position[owner] + j + 1, rng.SAMPLE).unsqueeze(1) * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, u).clamp_max(vocab - 1)
+    y = index.gather(1, pick).squeeze(1)
+    y = torch.where(temp > 0, y, logits.argmax(-1))
+    return _accept(y, tokens, offsets, owner, j, n)
+
+
+def argmax_pipeline(logits, tokens, offsets, *unused):
+    num_rows = logits.shape[0]
+    owners = offsets.numel() - 1
+    n = offsets[1:] - offsets[:-1]
+    owner = torch.repeat_interleave(torch.arange(owners, device=logits.device), n, output_size=num_rows)
+    j = torch.arange(num_rows, device=logits.device) - offsets[:-1][owner]
+    return _accept(logits.argmax(-1), tokens, offsets, owner, j, n)
+
+
+def _accept(y, tokens, offsets, owner, j, n):
+    num_rows = y.shape[0]
+    draft = torch.roll(tokens, -1)
+    miss = (y != draft) | (j >= n[owner] - 1)
+    first = torch.full_like(n, num_rows).scatter_reduce(0, owner, torch.where(miss, j, num_rows), "amin")
+    return first, y[offsets[:-1] + first]
+
+
+def rotating(fn, copies):
+    state = itertools.cycle(copies)
+    return lambda: fn(*next(state))
+
+
+def time_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="write the markdown report here")
+    ap.add_argument("--quick", action="store_true", help="headline shapes only (64 owners, V=151936)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    ap.add_argument("--compile-reference", action="store_true",
+                    help="also torch.compile the unrolled reference (slow to compile)")
+    args = ap.parse_args(argv)
+    assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
+
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    props = torch.cuda.get_device_properties(0)
+    bw = copy_bandwidth()
+    say("# Verify-head benchmark")
+    say()
+    say(f"- device: {props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB")
+    say(f"- versions: torch {torch.__version__}, triton {triton.__version__}, python {platform.python_version()}")
+    say(f"- copy bandwidth (read + write) measured in this run: {bw / 1e12:.2f} TB/s; floor = logits bytes / that")
+    say(f"- median of do_bench (warmup 25 ms, rep 100 ms); inputs rotate over >= {ROTATE_BYTES >> 20} MB")
+    say("- logits: Gaussian body (std 2) plus 24 boosted tokens per row (LLM-like); 'flat' rows: std 1, no boost")
+    say("- drafts: each row's argmax (so greedy owners accept all, sampling owners some)")
+    say()
+    say("| head | owners x rows | V | dtype | mode | fused us | x floor | sort eager us | sort compiled us | "
+        "ref eager us | ref compiled us | vs sort eager | vs best baseline |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    owner_counts = [64] if args.quick else [1, 8, 64]
+    vocabs = [151936] if args.quick else [151936, 202048]
+    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
+    compiled = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for vocab, dtype, owners in itertools.product(vocabs, dtypes, owner_counts):
+        rows = owners * ROWS_PER_OWNER
+        nbytes = rows * vocab * dtype.itemsize
+        floor_ms = nbytes / bw * 1e3
+        n_copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
+        for mode in MODES:
+            greedy = mode == "greedy"
+            copies = [make_inputs(g, owners, vocab, dtype, mode) for _ in range(n_copies)]
+            argsets = [[c[k] for k in KEYS] for c in copies]
+            fused_fn = (lambda *a: torch.ops.dflash.dflash_verify_argmax(*a[:3])) if greedy else \
+                torch.ops.dflash.dflash_verify
+            pipe = argmax_pipeline if greedy else sort_pipeline
+            ref = (lambda *a: heads.DFlashVerifyArgmax()(*a[:3])) if greedy else heads.DFlashVerify()
+            fused = time_ms(rotating(fused_fn, argsets))
+            sort_eager = time_ms(rotating(pipe, argsets))
+            ref_eager = time_ms(rotating(ref, argsets)) if owners == 64 or args.quick else float("nan")
+            sort_comp = ref_comp = float("nan")
+            if not args.no_compile:
+                key = ("sort", greedy, vocab, dtype, rows)
+                if key not in compiled:
+                    compiled[key] = torch.compile(pipe, dynamic=False)
+                sort_comp = time_ms(rotating(compiled[key], argsets))
+                if args.compile_reference and owners == 64 and vocab == 151936 and dtype == torch.bfloat16:
+                    rkey = ("ref", greedy)
+                    if rkey not in compiled:
+                        compiled[rkey] = torch.compile(ref, dynamic=False)
+                    t0 = time.time()
+                    ref_comp = time_ms(rotating(compiled[rkey], argsets))
+                    print(f"  (reference compile + bench {time.time() - t0:.0f}s)", file=sys.stderr)
+            best = min(v for v in (sort_eager, sort_comp, ref_eager, ref_comp) if not math.isnan(v))
+            f = lambda v: "n/a" if math.isnan(v) else f"{v * 1e3:.0f}"
+            say(f"| dflash_verify{'_argmax' if greedy else ''} | {owners} x {ROWS_PER_OWNER} | {vocab} | "
+                f"{str(dtype).split('.')[-1]} | {mode} | {fused * 1e3:.1f} | {fused / floor_ms:.2f} | "
+                f"{f(sort_eager)} | {f(sort_comp)} | {f(ref_eager)} | {f(ref_comp)} | "
+                f"{sort_eager / fused:.1f}x | {best / fused:.1f}x |")
+
+    # sample_rows at 64 rows, and the flat-row stress case of the top-p slow path.
+    say()
+    say("| head | rows | V | dtype | mode | fused us | x floor |")
+    say("|---|---|---|---|---|---|---|")
+    for vocab in vocabs:
+        nbytes = 64 * vocab * 2
+        floor_ms = nbytes / bw * 1e3
+        n_copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
+        for mode in MODES:
+            copies = [make_inputs(g, 4, vocab, torch.bfloat16, mode) for _ in range(n_copies)]
+            argsets = [[c["logits"], c["start_position"].repeat_interleave(16), c["temperature"].repeat_interleave(16),
+                        c["top_k"].repeat_interleave(16), c["top_p"].repeat_interleave(16),
+                        c["seed"].repeat_interleave(16)] for c in copies]
+            ms = time_ms(rotating(torch.ops.dflash.sample_rows, argsets))
+            say(f"| sample_rows | 64 | {vocab} | bfloat16 | {mode} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} |")
+    for mode in ("+top-p 0.9", "top-k 50 + top-p 0.9"):
+        vocab, owners = 151936, 64
+        nbytes = owners * ROWS_PER_OWNER * vocab * 2
+        c = make_inputs(g, owners, vocab, torch.bfloat16, mode, flat=True)
+        ms = time_ms(lambda: torch.ops.dflash.dflash_verify(*[c[k] for k in KEYS]))
+        say(f"| dflash_verify, flat rows | {owners * ROWS_PER_OWNER} | {vocab} | bfloat16 | {mode} | "
+            f"{ms * 1e3:.1f} | {ms / (nbytes / bw * 1e3):.2f} |")
+
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Swap each verify head's ATen subgraph for one call to its fused `dflash::` op.
+
+A head is found by its module, never by op patterns: every node traced inside a
+head module carries that module (path and class) in `nn_module_stack`, and while
+exporting each head marks its exact arguments and results with a
+`dflash::head_boundary` node (`export/boundary.py`), in SPEC.md's order. The region
+of a head is every node traced inside its module, markers included.
+
+For each region the pass checks the boundary against the head's signature
+(SPEC.md: argument count, dtypes, ranks; the kernel's `supports`) and that nothing
+outside reads the region's insides or the region reads anything but its inputs,
+then inserts the op, rewires every use of the results (keeping their
+`meta["val"]`), erases the region, and leaves the graph signature untouched. All
+regions are checked before any is rewritten: a mismatch raises `FuseError` naming
+the node, and the graph is never left half-rewritten.
+"""
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ..export.heads import HEAD_MODULES
+from .errors import LoweringError
+
+_HEAD_BY_CLASS = {f"{cls.__module__}.{cls.__qualname__}": name for name, cls in HEAD_MODULES.items()}
+
+# SPEC.md signatures: (dtype, rank) per input; None dtype = the logits (a float dtype).
+SIGNATURES = {
+    "sample_rows": [(None, 2), (torch.int64, 1), (torch.float32, 1), (torch.int64, 1),
+                    (torch.float32, 1), (torch.int64, 1)],
+    "dflash_verify": [(None, 2), (torch.int64, 1), (torch.int64, 1), (torch.int64, 1),
+                      (torch.float32, 1), (torch.int64, 1), (torch.float32, 1), (torch.int64, 1)],
+    "dflash_verify_argmax": [(None, 2), (torch.int64, 1), (torch.int64, 1)],
+}
+OUTPUTS = {"sample_rows": 1, "dflash_verify": 2, "dflash_verify_argmax": 2}
+
+
+class FuseError(LoweringError):
+    """A head region the pass refuses to rewrite (the message names the node)."""
+
+
+@dataclass
+class Match:
+    head: str  # SPEC.md head name
+    fqn: str  # module path of the head ("" for the exported root)
+    nodes: list[fx.Node]  # the region, in graph order
+    inputs: list[fx.Node]  # head arguments, in signature order
+    outputs: list[fx.Node]  # head results, in signature order
+
+
+@dataclass
+class FuseResult:
+    modified: bool
+    count: int
+    heads: list[str] = field(default_factory=list)  # "head@fqn" rewritten
+
+
+def _head_of(node: fx.Node) -> tuple[str, str] | None:
+    """(head name, module path) of the innermost head module a node was traced in."""
+    found = None
+    for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+        cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+        if cls_name in _HEAD_BY_CLASS:
+            found = (_HEAD_BY_CLASS[cls_name], path)
+    return found
+
+
+def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(arguments, results) of one head call, from its boundary markers."""
+    from ..export.boundary import MARKER
+
+    where = f"head {head} at {fqn or '<root>'}"
+    marks = {role: [n for n in nodes if n.target is MARKER and n.args[2] == role] for role in ("inputs", "outputs")}
+    if len(marks["inputs"]) != 1 or len(marks["outputs"]) != 1:
+        raise FuseError(f"{where}: expected one inputs and one outputs boundary marker, found "
+                        f"{len(marks['inputs'])} and {len(marks['outputs'])} (called more than once, or "
+                        "traced without torch.export?)")
+    enter, leave = marks["inputs"][0], marks["outputs"][0]
+    for marker in (enter, leave):
+        if marker.args[1] != head:
+            raise FuseError(f"{where}: marker {marker.name} belongs to head {marker.args[1]}")
+    results = sorted((u for u in leave.users if u.target is operator.getitem), key=lambda u: u.args[1])
+    if len(results) != len(leave.args[0]) or len(results) != len(leave.users):
+        raise FuseError(f"{where}: results of marker {leave.name} are not all read by position")
+    return list(enter.args[0]), results
+
+
+def match(ep: torch.export.ExportedProgram) -> list[Match]:
+    """Every head region of the program, checked; raises FuseError on a bad boundary."""
+    graph = ep.graph_module.graph
+    regions: dict[tuple[str, str], list[fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            head = _head_of(node)
+            if head is not None:
+                regions.setdefault(head, []).append(node)
+    matches = []
+    for (head, fqn), nodes in regions.items():
+        inputs, outputs = _markers(nodes, head, fqn)
+        _check(head, fqn, nodes, inputs, outputs)
+        matches.append(Match(head, fqn, nodes, inputs, outputs))
+    return matches
+
+
+def _check(head, fqn, nodes, inputs, outputs) -> None:
+    where = f"head {head} at {fqn or '<root>'}"
+    want = SIGNATURES[head]
+    if len(inputs) != len(want):
+        raise FuseError(f"{where}: {len(inputs)} inputs, SPEC.md's signature has {len(want)}")
+    if len(outputs) != OUTPUTS[head]:
+        raise FuseError(f"{where}: {len(outputs)} outputs, SPEC.md's signature has {OUTPUTS[head]}")
+    for node, (dtype, rank) in zip(inputs, want):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() != rank or (dtype is not None and val.dtype != dtype):
+            got = f"{val.dtype} rank {val.dim()}" if isinstance(val, torch.Tensor) else type(val).__name__
+            raise FuseError(f"{where}: input {node.name} is {got}, expected {dtype or 'float logits'} rank {rank}")
+    logits = inputs[0].meta["val"]
+    from ..kernels import OPS
+
+    supports = OPS[head][1]
+    if not supports(logits.dtype, int(logits.shape[-1])):
+        raise FuseError(f"{where}: the fused kernel does not support {logits.dtype} logits with "
+                        f"V = {logits.shape[-1]}; set lowering.fused_verify: false")
+    region = set(nodes)
+    allowed_inputs = set(inputs)
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg in region or arg in allowed_inputs or arg.op == "get_attr" or _is_constant(arg) or _is_shape(arg):
+                continue
+            raise FuseError(f"{where}: node {node.name} reads {arg.name}, which is neither a head input "
+                            "nor computed inside the head (the boundary was altered)")
+    results = set(outputs)
+    for node in nodes:
+        if node in results:
+            continue
+        for user in node.users:
+            if user not in region:
+                raise FuseError(f"{where}: intermediate {node.name} is used outside the head by "
+                                f"{user.name} (the boundary was altered)")
+
+
+def _is_shape(node: fx.Node) -> bool:
+    """Symbolic sizes (sym_size of an input, arithmetic on it) are not data: free to read."""
+    return isinstance(node.meta.get("val"), (torch.SymInt, int)) and not isinstance(node.meta.get("val"), bool)
+
+
+def _is_constant(node: fx.Node) -> bool:
+    """Lifted tensor constants are placeholders the head may read (e.g. tables)."""
+    return node.op == "placeholder" and node.name.startswith(("c_", "_lifted_tensor_constant", "lifted_tensor"))
+
+
+def rewrite(graph: fx.Graph, m: Match) -> None:
+    """One op call after the region's last node; outside uses move to it; the region goes."""
+    from ..kernels import OPS
+
+    with graph.inserting_after(m.nodes[-1]):
+        call = graph.call_function(OPS[m.head][0], tuple(m.inputs))
+    vals = [o.meta["val"] for o in m.outputs]
+    call.meta["val"] = tuple(vals) if len(vals) > 1 else vals[0]
+    call.meta["nn_module_stack"] = dict(m.outputs[0].meta.get("nn_module_stack") or {})
+    replacements = [call]
+    if len(m.outputs) > 1:
+        replacements, prev = [], call
+        for i, val in enumerate(vals):
+            with graph.inserting_after(prev):
+                prev = graph.call_function(operator.getitem, (call, i))
+            prev.meta["val"] = val
+            replacements.append(prev)
+    region = set(m.nodes)
+    for out, new in zip(m.outputs, replacements):
+        out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in region)
+    for node in reversed(m.nodes):
+        graph.erase_node(node)
+
+
+def head_paths(module: torch.nn.Module) -> list[tuple[str, str]]:
+    """(module path, head name) of every head module inside `module` ("" = the module itself)."""
+    classes = {cls: name for name, cls in HEAD_MODULES.items()}
+    return [(path, classes[type(m)]) for path, m in module.named_modules() if type(m) in classes]
+
+
+class FuseVerifyHeads:
+    """The pass: `FuseVerifyHeads()(ep)` rewrites every head in place; returns a FuseResult.
+    With `expected` (module paths of the heads the method holds), a head that matched
+    nothing raises: the export asked for fused kernels and must not ship ATen heads."""
+
+    def __init__(self, expected: list[str] | None = None):
+        self.expected = expected
+
+    def __call__(self, ep: torch.export.ExportedProgram) -> FuseResult:
+        matches = match(ep)  # checks every region before touching any
+        if self.expected is not None:
+            missing = sorted(set(self.expected) - {m.fqn for m in matches})
+            if missing:
+                raise FuseError(f"heads at {', '.join(p or '<root>' for p in missing)} matched no region; "
+                                "nothing was rewritten")
+        graph = ep.graph_module.graph
+        for m in matches:
+            rewrite(graph, m)
+        graph.eliminate_dead_code()  # shape nodes only the head used
+        _drop_dead_get_attrs(ep.graph_module)
+        graph.lint()
+        ep.graph_module.recompile()
+        return FuseResult(modified=bool(matches), count=len(matches),
+                          heads=[f"{m.head}@{m.fqn or '<root>'}" for m in matches])
+
+
+def _drop_dead_get_attrs(gm: fx.GraphModule) -> None:
+    """Scan bodies of erased heads (get_attr submodules) no longer have users."""
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            target = node.target
+            gm.graph.erase_node(node)
+            if isinstance(getattr(gm, target, None), torch.nn.Module):
+                delattr(gm, target)

@@ -1,0 +1,173 @@
+"""The verify-head fusion pass: finds each head by its module, checks its boundary,
+swaps the whole subgraph for one dflash:: op; the rewritten graph gives the
+reference's token ids (Triton interpreter on the CPU)."""
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from dflash_et.export import artifact, cases, config, heads, methods
+from dflash_et.export.exporter import trace
+from dflash_et.lowering.fuse_verify import FuseError, FuseVerifyHeads, head_paths, match
+
+
+def _quiet():
+    return artifact.Progress(total=99, stream=open("/dev/null", "w"))
+
+
+def _traced(variant, vocab=64, logits_dtype="float32"):
+    cfg = config.from_dict({"program": "heads", "variant": variant, "logits_dtype": logits_dtype,
+                            "heads": {"vocab_size": vocab}, "limits": {"max_rows": 32, "max_owners": 8}})
+    spec = methods.build(cfg)
+    return spec, trace(spec, _quiet())
+
+
+def _head_nodes(ep):
+    return [n for n in ep.graph.nodes if n.op == "call_function" and "dflash" not in str(n.target)
+            and any("heads." in str(c) for _, c in (n.meta.get("nn_module_stack") or {}).values())]
+
+
+def _dflash_calls(ep):
+    return [n.target for n in ep.graph.nodes if n.op == "call_function" and "dflash" in str(n.target)]
+
+
+@pytest.mark.parametrize("variant", ["greedy", "sampling"])
+def test_pass_rewrites_exactly_the_heads_and_keeps_the_signature(variant):
+    spec, programs = _traced(variant)
+    g = torch.Generator().manual_seed(1)
+    for m in spec.methods:
+        ep = programs[m.name]
+        before_sig = (list(ep.graph_signature.input_specs), list(ep.graph_signature.output_specs))
+        assert len(_head_nodes(ep)) > 50  # the ATen head: searches, masks, sums
+        result = FuseVerifyHeads(expected=[""])(ep)
+        assert (result.modified, result.count, result.heads) == (True, 1, [f"{m.head}@<root>"])
+        assert _head_nodes(ep) == []
+        assert _dflash_calls(ep) == [getattr(torch.ops.dflash, m.head).default]
+        assert (list(ep.graph_signature.input_specs), list(ep.graph_signature.output_specs)) == before_sig
+        for _ in range(3):  # the rewritten graph runs (Triton interpreter) and matches the reference
+            if m.head == "sample_rows":
+                inp = cases.sample_case(g, 64, 24, torch.float32)
+            else:
+                inp = cases.verify_case(g, 64, 32, 8, torch.float32, greedy_only=m.head == "dflash_verify_argmax")
+            args = [inp[t.name].to(DEVICE) for t in m.inputs]
+            got = ep.module()(*args)
+            want = heads.HEAD_MODULES[m.head]()(*[a.cpu() for a in args])
+            got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+            for a, b in zip(got, want):
+                assert torch.equal(a.cpu(), b), (m.name, inp.get("offsets"))
+
+
+class _Target(torch.nn.Module):
+    """A toy 'model + greedy head' method: logits come from a layer, the head is a submodule."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 40)
+        self.verify = heads.DFlashVerifyArgmax()
+
+    def forward(self, hidden, tokens, offsets):
+        return self.verify(self.proj(hidden), tokens, offsets)
+
+
+class _SamplingTarget(_Target):
+    def __init__(self):
+        super().__init__()
+        self.verify = heads.DFlashVerify(16)
+
+    def forward(self, hidden, tokens, offsets, start_position, temperature, top_k, top_p, seed):
+        return self.verify(self.proj(hidden), tokens, offsets, start_position, temperature, top_k, top_p, seed)
+
+
+def _export_target(sampling):
+    torch.manual_seed(0)
+    module = _SamplingTarget() if sampling else _Target()
+    ex = (torch.randn(5, 8), torch.zeros(5, dtype=torch.int64), torch.tensor([0, 2, 5]))
+    ds = ({0: torch.export.Dim("rows", min=1, max=16)},) * 2 + ({0: torch.export.Dim("owners", min=1, max=8) + 1},)
+    if sampling:
+        owners = ds[2][0] - 1
+        ex += (torch.tensor([3, 4]), torch.tensor([0.0, 0.9]), torch.tensor([0, 5]), torch.tensor([1.0, 0.8]), torch.tensor([1, 2]))
+        ds += ({0: owners},) * 5
+    with torch.no_grad():  # as the exporter traces (the scan of the heads needs it)
+        ep = torch.export.export(module, ex, dynamic_shapes=ds, strict=False)
+    return module, ep
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_pass_rewrites_a_head_inside_a_model(sampling):
+    module, ep = _export_target(sampling)
+    assert head_paths(module) == [("verify", "dflash_verify" if sampling else "dflash_verify_argmax")]
+    result = FuseVerifyHeads(expected=["verify"])(ep)
+    assert result.count == 1 and _head_nodes(ep) == []
+    assert [n.target for n in ep.graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        hidden = torch.randn(9, 8, generator=g)
+        tokens = torch.randint(0, 40, (9,), generator=g)
+        offsets = torch.tensor([0, 4, 4, 9])
+        params = (torch.tensor([7, 8, 9]), torch.tensor([0.7, 0.0, 1.1]), torch.tensor([0, 3, 10]),
+                  torch.tensor([0.95, 1.0, 0.5]), torch.tensor([5, 6, 7])) if sampling else ()
+        with torch.no_grad():
+            got = ep.module()(hidden, tokens, offsets, *params)
+            want = module(hidden, tokens, offsets, *params)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_no_head_is_a_no_op_but_an_expected_head_must_match():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x.argmax(-1)
+
+    ep = torch.export.export(Plain(), (torch.randn(3, 5),))
+    nodes = len(ep.graph.nodes)
+    result = FuseVerifyHeads()(ep)
+    assert (result.modified, result.count) == (False, 0) and len(ep.graph.nodes) == nodes
+    with pytest.raises(FuseError, match="heads at verify matched no region"):
+        FuseVerifyHeads(expected=["verify"])(ep)
+
+
+def test_an_altered_boundary_raises_naming_the_node_and_changes_nothing():
+    from dflash_et.export.boundary import MARKER
+
+    _, ep = _export_target(False)
+    graph = ep.graph_module.graph
+    enter = next(n for n in graph.nodes if n.target is MARKER and n.args[2] == "inputs")
+    tokens_in = next(u for u in enter.users if u.args[1] == 1)  # the head's view of `tokens`
+    victim = next(iter(tokens_in.users))
+    tokens = next(n for n in graph.nodes if n.name == "tokens")
+    with graph.inserting_before(victim):
+        outside = graph.call_function(torch.ops.aten.clone.default, (tokens,))
+    outside.meta["val"] = tokens.meta["val"]
+    victim.replace_input_with(tokens_in, outside)
+    count = len(graph.nodes)
+    with pytest.raises(FuseError, match=rf"node {victim.name} reads {outside.name}, which is neither a head input"):
+        FuseVerifyHeads(expected=["verify"])(ep)
+    assert len(graph.nodes) == count  # nothing was rewritten
+
+
+def test_an_unsupported_head_raises():
+    spec, programs = _traced("greedy")
+    ep = programs["dflash_verify_argmax"]
+    logits = next(n for n in ep.graph.nodes if n.name == "logits")
+    logits.meta["val"] = logits.meta["val"].to(torch.float64)  # as if the head read float64 logits
+    with pytest.raises(FuseError, match="expected float logits|does not support torch.float64"):
+        match(ep)
+
+
+def test_cpu_backend_exports_keep_the_aten_head(make_config, tmp_path):
+    from dflash_et.export import exporter
+
+    cfg = config.load(str(make_config("greedy", vocab=50)))
+    directory = exporter.export_program(cfg, tmp_path / "a", progress=_quiet())
+    import json
+
+    assert "lowering" not in json.loads((directory / "manifest.json").read_text())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_backend_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    from dflash_et import cli
+
+    code = cli.main(["export", "--config", "heads-greedy-cuda", "--output-dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2 and "backend: cuda needs a CUDA GPU" in err and "Traceback" not in err
+    assert not (tmp_path / "c" / "model.pte").exists()
