@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..export import artifact, boundary
+from ..export import artifact, boundary, methods
 from .errors import LoweringError
 from .fuse_verify import FuseVerifyHeads, head_paths
 
@@ -70,7 +70,7 @@ def lower(programs: dict, spec, cfg) -> tuple[dict[str, bytes], dict]:
         # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
         # skip the core-ATen check the same way (AOTInductor lowers what it meets).
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-        constant_methods=spec.constants,
+        constant_methods=methods.constant_values(spec),
     )
     program = edge.to_executorch()
     files = {artifact.PTE: program.buffer}

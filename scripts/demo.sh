@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: export the default config to a .pte, load and run
-# every method in the ExecuTorch runtime, check it against the eager reference.
-#   scripts/demo.sh [config]      (default: heads-sampling)
+# every method in the ExecuTorch runtime, check it against the eager reference, and (for a
+# DFlash program) run its speculative loop with tokens/step, acceptance length and wall time.
+#   scripts/demo.sh [config] [steps]      (default: tiny-dflash-sampling, 12 steps)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ensure_env
 cd "$ROOT"
-CONFIG="${1:-heads-sampling}"
+CONFIG="${1:-tiny-dflash-sampling}"
+STEPS="${2:-12}"
 OUT="out/${CONFIG##*/}"
 OUT="${OUT%.yaml}"
 CLI="$VENV/bin/dflash-et"
@@ -25,3 +27,7 @@ for name, meth in m["methods"].items():
     print(f"  method {name}({args})")
 print("  constants: " + ", ".join(f"{k}={v}" for k, v in m["constants"].items()))
 PY
+if grep -q '"program": "dflash"' "$OUT/manifest.json"; then
+  echo
+  "$CLI" run --config "$CONFIG" --artifact "$OUT" --steps "$STEPS"
+fi

@@ -1,0 +1,158 @@
+"""The DFlash drafter (z-lab `DFlashDraftModel`), batched over owners with a per-slot
+context cache.
+
+z-lab architecture (`dflash/model.py`):
+- context features: `hidden_norm(fc(taps))`, `fc: Linear(len(taps) * H -> H, no bias)`;
+  the same features enter every layer, each projects them with its own
+  k_proj / v_proj (+ k_norm, + RoPE at the context row's absolute position);
+- block stream: the target's embedding of `[pending, mask x (block_size - 1)]`
+  at positions `P .. P + block_size - 1` (P = the pending token's position);
+- each layer: pre-norm attention whose queries come from the block and whose
+  keys/values are `[context K/V of positions < P, block K/V]`, with no mask
+  inside the block (non-causal), then a pre-norm SwiGLU MLP; final RMSNorm;
+- logits through the *target's* lm_head; block position i predicts the token at
+  position P + i, so positions 1 .. block_size - 1 give the drafts (argmax).
+
+The context cache holds, per layer and slot, the post-k_norm post-RoPE K and
+the V of every committed position (z-lab's `past_key_values_draft` after
+`crop(start)`). Entries at positions >= P are never read (the mask is
+`position < P`), so rows written past the committed prefix, or left over from
+an earlier owner of the slot, are harmless until overwritten.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import sampling
+from . import layers, packing
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope: layers.Rope = field(default_factory=layers.Rope)
+    vocab_size: int | None = None  # when the checkpoint says: must equal the target's
+    num_target_layers: int | None = None  # likewise
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"drafter {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"drafter num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"drafter head_dim must be even for RoPE, got {self.head_dim}")
+        if not 2 <= self.block_size <= 64:
+            raise ValueError(f"drafter block_size must be in [2, 64], got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ValueError("drafter target_layer_ids must name at least one target layer")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"drafter target_layer_ids must be distinct, got {list(self.target_layer_ids)}")
+
+    @property
+    def context_width(self) -> int:
+        """Width of one packed hidden row: the concatenated taps."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, slots: int, max_seq_len: int, dtype: torch.dtype):
+        super().__init__()
+        self.input_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = layers.Attention(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+            True, False, slots, max_seq_len, dtype,
+        )
+        self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = layers.MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [O, L, hidden]: the block stream
+        cos: torch.Tensor,  # [O * L, D]
+        sin: torch.Tensor,  # [O * L, D]
+        read_slot: torch.Tensor,  # [O] int64
+        allowed: torch.Tensor,  # [O, L, T + L] bool
+    ) -> torch.Tensor:  # [O, L, hidden]
+        attn = self.self_attn
+        owners, length, hidden = x.shape
+        h = self.input_layernorm(x).reshape(owners * length, hidden)
+        q = attn.query(h, cos, sin).view(owners, length, attn.heads, attn.head_dim)
+        k, v = attn.key_value(h, cos, sin)
+        k = torch.cat([attn.k_cache[read_slot], k.view(owners, length, attn.kv_heads, attn.head_dim)], dim=1)
+        v = torch.cat([attn.v_cache[read_slot], v.view(owners, length, attn.kv_heads, attn.head_dim)], dim=1)
+        x = x + attn.o_proj(layers.attend(q, k, v, allowed))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Drafter(nn.Module):
+    """DFlash drafter with `slots` context slots of `max_seq_len` positions (+ scratch).
+    Unprefixed parameter names as in z-lab checkpoints (`fc.weight`, `layers.0...`)."""
+
+    def __init__(self, cfg: DrafterConfig, slots: int, max_seq_len: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg, self.slots, self.max_seq_len = cfg, slots, max_seq_len
+        self.fc = nn.Linear(cfg.context_width, cfg.hidden_size, bias=False)
+        self.hidden_norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(cfg, slots, max_seq_len, dtype) for _ in range(cfg.num_layers))
+        self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        cos, sin = cfg.rope.table(cfg.head_dim, max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        layers.cast_parameters(self, dtype)
+
+    def store_context(
+        self,
+        hidden: torch.Tensor,  # [R, len(taps) * hidden]: target hidden taps
+        place: packing.Placement,
+    ) -> None:
+        """Write every layer's context K/V of the placed rows into their slots."""
+        ctx = self.hidden_norm(self.fc(hidden))
+        cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
+        for layer in self.layers:
+            k, v = layer.self_attn.key_value(ctx, cos, sin)
+            layer.self_attn.store(place.write_slot, place.write_position, k, v)
+
+    def block(
+        self,
+        noise: torch.Tensor,  # [O, L, hidden]: target embeddings of [pending, mask, ...]
+        start_position: torch.Tensor,  # [O] int64: position of the pending token
+        slots: torch.Tensor,  # [O] int64
+    ) -> torch.Tensor:  # [O, L, hidden]: final-normed block states
+        owners, length, _ = noise.shape
+        steps = torch.arange(length, dtype=torch.int64, device=noise.device)
+        positions = torch.clamp(start_position[:, None] + steps[None, :], 0, self.max_seq_len - 1).reshape(-1)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        read_slot = packing.slot_or_scratch(slots, self.slots)
+        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=noise.device)
+        context = (cells[None, :] < start_position[:, None]).unsqueeze(1).expand(owners, length, self.max_seq_len)
+        block = torch.ones(owners, length, length, dtype=torch.bool, device=noise.device)
+        allowed = torch.cat([context, block], dim=-1)  # [O, L, T + L]
+        x = noise
+        for layer in self.layers:
+            x = layer(x, cos, sin, read_slot, allowed)
+        return self.norm(x)
+
+
+def draft_tokens(
+    states: torch.Tensor,  # [O, L, hidden]: Drafter.block output
+    output_weight: torch.Tensor,  # [V, hidden]: the target's lm_head
+) -> torch.Tensor:  # [O, L - 1] int64: argmax drafts for block positions 1 .. L-1
+    owners, length, hidden = states.shape
+    logits = F.linear(states[:, 1:].reshape(owners * (length - 1), hidden), output_weight)
+    return sampling.greedy(sampling.sanitize(logits)).view(owners, length - 1)

@@ -1,0 +1,157 @@
+"""The target: a Llama / Qwen3-family decoder over packed rows of several owners.
+
+Architecture (HF `modeling_llama` / `modeling_qwen3`): token embedding; per layer
+pre-norm attention (RoPE, GQA, Qwen3's per-head q/k RMSNorm before RoPE) and
+pre-norm SwiGLU MLP, each added to the residual; final RMSNorm; lm_head (tied to
+the embedding or not). Parameter names are HF's (`model.layers.N.self_attn.q_proj
+.weight`, ...), so a checkpoint's state dict loads as it is.
+
+Packed step: rows `[offsets[o], offsets[o+1])` belong to owner `o`, the first at
+position `start_position[o]`, in KV slot `slots[o]`. Each layer first writes
+every row's K/V at (its slot, its position), then each row attends to its
+slot's positions `<= its own`. So rows of one owner in one step see each other
+causally, and cache entries past a row's position (stale drafts of an earlier
+step, or an earlier owner of a reused slot) are never read. Each row gathers
+its slot's whole cache (`[R, T, KV, D]`): simple, vectorised over owners and
+batch-invariant (a row's result does not depend on the other rows), sized for
+the portable reference program; a backend may swap in a paged kernel.
+
+Hidden taps (z-lab DFlash convention, `extract_context_feature`): the drafter's
+context is `hidden_states[layer_id + 1]` of HF's `output_hidden_states`, i.e.
+the raw output of 0-based decoder layer `layer_id`, concatenated in
+`target_layer_ids` order. HF replaces the last entry of that tuple with the
+final-normed state, so a tap of the last layer is normed here too.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import layers, packing
+
+FAMILIES = ("qwen3", "llama")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    family: str  # "qwen3" (q/k norm) or "llama": decides the checkpoint's config.json
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: layers.Rope = field(default_factory=layers.Rope)
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3 normalises each head's q and k before RoPE; Llama does not."""
+        return self.family == "qwen3"
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"target family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"target {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"target num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"target head_dim must be even for RoPE, got {self.head_dim}")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig, slots: int, max_seq_len: int, dtype: torch.dtype):
+        super().__init__()
+        self.input_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = layers.Attention(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
+            cfg.qk_norm, cfg.attention_bias, slots, max_seq_len, dtype,
+        )
+        self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = layers.MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [R, hidden]
+        cos: torch.Tensor,  # [R, D]
+        sin: torch.Tensor,  # [R, D]
+        place: packing.Placement,
+        allowed: torch.Tensor,  # [R, T] bool
+    ) -> torch.Tensor:  # [R, hidden]
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = attn.query(h, cos, sin)
+        k, v = attn.key_value(h, cos, sin)
+        attn.store(place.write_slot, place.write_position, k, v)
+        out = layers.attend(
+            q.unsqueeze(1), attn.k_cache[place.read_slot], attn.v_cache[place.read_slot], allowed.unsqueeze(1)
+        )
+        x = x + attn.o_proj(out.squeeze(1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: TargetConfig, slots: int, max_seq_len: int, dtype: torch.dtype):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, slots, max_seq_len, dtype) for _ in range(cfg.num_layers))
+        self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Target(nn.Module):
+    """The target LLM with `slots` KV slots of `max_seq_len` positions (+ one scratch slot)."""
+
+    def __init__(self, cfg: TargetConfig, slots: int, max_seq_len: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg, self.slots, self.max_seq_len = cfg, slots, max_seq_len
+        self.model = Backbone(cfg, slots, max_seq_len, dtype)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        cos, sin = cfg.rope.table(cfg.head_dim, max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        layers.cast_parameters(self, dtype)  # the RoPE table stays float32
+
+    @property
+    def output_weight(self) -> torch.Tensor:  # [V, hidden]
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
+        return F.linear(self.model.norm(h), self.output_weight)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [R] int64
+        offsets: torch.Tensor,  # [O+1] int64
+        start_position: torch.Tensor,  # [O] int64
+        slots: torch.Tensor,  # [O] int64
+        taps: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # last hidden [R, hidden] (pre-norm), taps [R, len(taps) * hidden]
+        start, count = packing.offsets_to_ranges(offsets)
+        place = packing.place_rows(
+            tokens.shape[0], start, count, start_position, slots, self.slots, self.max_seq_len
+        )
+        x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
+        cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
+        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=tokens.device)
+        allowed = cells[None, :] <= place.position[:, None]  # [R, T]
+        tapped = {}
+        last = self.cfg.num_layers - 1
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, place, allowed)
+            if i in taps:
+                tapped[i] = self.model.norm(x) if i == last else x
+        return x, torch.cat([tapped[i] for i in taps], dim=-1)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GPU validation on a CUDA machine (the H200 of the device tool; not CI). Two stages:
+#   scripts/gpu-checks.sh kernels   Triton compile warm-up, GPU parity suite, and the same suite
+#                                   (small sizes) under compute-sanitizer memcheck
+#   scripts/gpu-checks.sh lowering  CUDA exports of the head configs, rewritten graphs on the GPU,
+#                                   then the benchmark (writes benchmarks/RESULTS.md or $OUT/RESULTS.md)
+# That machine has no network: ExecuTorch 1.2.0 comes as wheels in .whl/ (../shared/tools/device-wheels.sh).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/out/gpu}"
+mkdir -p "$OUT" /tmp/pkg
+ln -sfn "$PWD" /tmp/pkg/dflash_et  # the package maps the repo root to dflash_et
+if [[ -d .whl ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PATH=/tmp/site/bin:$PATH
+fi
+export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+warm() {  # compile one family of kernel variants (Triton caches them for the later runs)
+  python3 - "$1" "$2" <<'PY'
+import sys, torch
+from dflash_et import kernels  # noqa: F401
+from dflash_et.export import cases
+vocab, dtype = int(sys.argv[1]), getattr(torch, sys.argv[2])
+g = torch.Generator().manual_seed(0)
+inp = {k: v.cuda() for k, v in cases.verify_case(g, vocab, 32, 8, dtype).items()}
+keys = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+torch.ops.dflash.dflash_verify(*[inp[k] for k in keys])
+torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in keys[:3]])
+s = {k: v.cuda() for k, v in cases.sample_case(g, vocab, 16, dtype).items()}
+torch.ops.dflash.sample_rows(**s)
+torch.cuda.synchronize()
+print("warm", vocab, dtype)
+PY
+}
+
+case "${1:-}" in
+kernels)
+  for v in 1000 32000; do for d in float32 bfloat16; do warm $v $d & done; done; wait
+  DFLASH_GPU_SUITE=small timeout 420 compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "not cuda_graph" >"$OUT/sanitizer.log" 2>&1 &
+  san=$!
+  timeout 420 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$OUT/parity.log" \
+    | grep -E "V=|passed|failed|Error" 
+  wait $san; echo "compute-sanitizer exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
+  ;;
+lowering)
+  timeout 330 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
+    | grep -E "cuda \{|passed|failed|Error" 
+  timeout 240 python3 benchmarks/bench_verify.py --no-compile --out "$OUT/RESULTS.md" 2>&1 | tail -45
+  ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|lowering" >&2; exit 2 ;;
+esac
