@@ -90,6 +90,26 @@ def write_artifact(directory: Path, files: dict[str, bytes], config_yaml: str, m
     write_atomic(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
+def open_checked(directory: Path, digest: str) -> dict:
+    """The manifest of an artifact that can run in the pip `executorch.runtime` and was
+    exported from the config with `digest`, its files intact; else an ArtifactError."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise ArtifactError(f"{directory} has no {MANIFEST}; run `dflash-et export` first")
+    if manifest.get("config_digest") != digest:
+        raise ArtifactError(
+            f"{directory} was exported from a different config than the one given; "
+            "pass the config it was exported with, or re-export"
+        )
+    if manifest.get("backend") == "cuda":
+        raise ArtifactError(
+            "CUDA artifacts cannot run in the pip `executorch.runtime` (a CPU build without "
+            "CudaBackend); run CUDA programs on a GPU with the ExecuTorch CUDA runtime"
+        )
+    verify_files(directory, manifest)
+    return manifest
+
+
 def verify_files(directory: Path, manifest: dict) -> None:
     """The program files are the ones the manifest names, byte for byte."""
     for name, meta in manifest.get("files", {}).items():

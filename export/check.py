@@ -94,20 +94,7 @@ def check_artifact(
     """Run the check and print a report; True when everything matches."""
     stream = stream or sys.stdout
     directory = Path(directory)
-    manifest = artifact.read_manifest(directory)
-    if manifest is None:
-        raise artifact.ArtifactError(f"{directory} has no {artifact.MANIFEST}; run `dflash-et export` first")
-    if manifest.get("config_digest") != cfg.digest():
-        raise artifact.ArtifactError(
-            f"{directory} was exported from a different config than the one given; "
-            "pass the config it was exported with, or re-export"
-        )
-    if manifest.get("backend") == "cuda":
-        raise artifact.ArtifactError(
-            "CUDA artifacts cannot run in the pip `executorch.runtime` (a CPU build without "
-            "CudaBackend); check CUDA programs on a GPU with the ExecuTorch CUDA runtime"
-        )
-    artifact.verify_files(directory, manifest)
+    artifact.open_checked(directory, cfg.digest())
     spec = methods.build(cfg)
     program = load_program(directory)
     g = torch.Generator().manual_seed(seed)

@@ -401,22 +401,6 @@ def check_program(cfg: ExportConfig, directory: str | Path, spec: methods.Progra
     ]
 
 
-def _open(cfg: ExportConfig, directory: Path) -> None:
-    manifest = artifact.read_manifest(directory)
-    if manifest is None:
-        raise artifact.ArtifactError(f"{directory} has no {artifact.MANIFEST}; run `dflash-et export` first")
-    if manifest.get("config_digest") != cfg.digest():
-        raise artifact.ArtifactError(
-            f"{directory} was exported from a different config than the one given; pass the config it was "
-            "exported with, or re-export"
-        )
-    if manifest.get("backend") == "cuda":
-        raise artifact.ArtifactError(
-            "CUDA artifacts cannot run in the pip `executorch.runtime`; run them with the ExecuTorch CUDA runtime"
-        )
-    artifact.verify_files(directory, manifest)
-
-
 def run_cli(cfg: ExportConfig, artifact_dir: str | Path, steps: int = 8, seed: int = 0, stream=None) -> int:
     """`dflash-et run`: the speculative loop on the scenario of `seed`, with statistics."""
     stream = stream or sys.stdout
@@ -428,7 +412,7 @@ def run_cli(cfg: ExportConfig, artifact_dir: str | Path, steps: int = 8, seed: i
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     directory = Path(artifact_dir)
-    _open(cfg, directory)
+    artifact.open_checked(directory, cfg.digest())
     spec = methods.build(cfg)
     program = Program.load(spec, directory)
     owners = scenario(program, seed)

@@ -61,6 +61,17 @@ def weight(x, x_max, temperature):
 
 
 @triton.jit
+def _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O: tl.constexpr):
+    """Owners base .. base + BLOCK_O: (ids, live, first rows, valid rows, slot ends)."""
+    o = base + tl.arange(0, BLOCK_O)
+    live = o < num_owners
+    a = tl.load(offsets_ptr + o, mask=live, other=0)
+    b = tl.load(offsets_ptr + o + 1, mask=live, other=0)
+    n = tl.where(live & (a >= 0) & (b <= num_rows) & (b >= a), b - a, 0)
+    return o, live, a, n, carry + tl.cumsum(n, 0)
+
+
+@triton.jit
 def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr):
     """(start slot, admitted rows, first packed row) of `owner` (see export/owners.py):
     valid owners' rows laid out owner after owner; an owner whose slots end past
@@ -70,12 +81,7 @@ def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr
     n_own = tl.zeros((), dtype=tl.int64)
     a_own = tl.zeros((), dtype=tl.int64)
     for base in range(0, num_owners, BLOCK_O):
-        o = base + tl.arange(0, BLOCK_O)
-        live = o < num_owners
-        a = tl.load(offsets_ptr + o, mask=live, other=0)
-        b = tl.load(offsets_ptr + o + 1, mask=live, other=0)
-        n = tl.where(live & (a >= 0) & (b <= num_rows) & (b >= a), b - a, 0)
-        ends = carry + tl.cumsum(n, 0)
+        o, live, a, n, ends = _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O)
         mine = o == owner
         end += tl.sum(tl.where(mine, ends, 0))
         n_own += tl.sum(tl.where(mine, n, 0))
@@ -91,12 +97,7 @@ def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr)
     carry = tl.zeros((), dtype=tl.int64)
     count = tl.zeros((), dtype=tl.int64)  # owners ending at or before the slot
     for base in range(0, num_owners, BLOCK_O):
-        o = base + tl.arange(0, BLOCK_O)
-        live = o < num_owners
-        a = tl.load(offsets_ptr + o, mask=live, other=0)
-        b = tl.load(offsets_ptr + o + 1, mask=live, other=0)
-        n = tl.where(live & (a >= 0) & (b <= num_rows) & (b >= a), b - a, 0)
-        ends = carry + tl.cumsum(n, 0)
+        o, live, a, n, ends = _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O)
         count += tl.sum((live & (ends <= slot)).to(tl.int64))
         carry += tl.sum(n)
     owner = tl.minimum(count, num_owners - 1)

@@ -47,16 +47,8 @@ class DrafterConfig:
     num_target_layers: int | None = None  # likewise
 
     def __post_init__(self):
-        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"drafter {name} must be >= 1, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"drafter num_attention_heads ({self.num_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"drafter head_dim must be even for RoPE, got {self.head_dim}")
+        layers.check_decoder_shape(
+            "drafter", self, ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"))
         if not 2 <= self.block_size <= 64:
             raise ValueError(f"drafter block_size must be in [2, 64], got {self.block_size}")
         if not self.target_layer_ids:

@@ -64,6 +64,20 @@ class Rope:
         return emb.cos(), emb.sin()
 
 
+def check_decoder_shape(who: str, cfg, sizes: tuple[str, ...]) -> None:
+    """The size fields of a target or drafter config: positive, heads grouping, RoPE halves."""
+    for name in sizes:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{who} {name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"{who} num_attention_heads ({cfg.num_heads}) must be a multiple of "
+            f"num_key_value_heads ({cfg.num_kv_heads})"
+        )
+    if cfg.head_dim % 2:
+        raise ValueError(f"{who} head_dim must be even for RoPE, got {cfg.head_dim}")
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

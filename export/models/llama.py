@@ -58,17 +58,8 @@ class TargetConfig:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"target family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"target {name} must be >= 1, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"target num_attention_heads ({self.num_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"target head_dim must be even for RoPE, got {self.head_dim}")
+        layers.check_decoder_shape("target", self, ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                     "num_heads", "num_kv_heads", "head_dim"))
 
 
 class DecoderLayer(nn.Module):
