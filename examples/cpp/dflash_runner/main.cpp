@@ -1,0 +1,843 @@
+// dflash_runner: drives a dflash-et DFlash program (.pte) through the ExecuTorch C++
+// runtime (extension/module), for several owners (requests) at once.
+//
+// The step loop is the one of docs/CONTRACT.md, call for call the loop of
+// export/driver.py (the reference): the same owners give the same tokens.
+//
+//   join:   target_prefill (prompt chunks of <= max_rows rows) -> first token, hidden
+//           draft_prefill  (the same hidden, offsets, positions, slots)
+//   step:   draft_forward  (previous target_verify hidden, its row starts, committed
+//                           counts; pending tokens)         -> drafts
+//           target_verify  ([pending, drafts] per owner)   -> accepted, next_token, hidden
+//           commit drafts[:accepted] + next_token; committed = accepted + 1
+//   leave:  drop the owner; its slot is free for the next join
+//
+// Only token ids and counts are read from method outputs. `hidden` is never looked at:
+// its bytes are copied into a runner-owned tensor right after the call, because the
+// Module shares its memory arenas across methods (the KV caches live there) and so a
+// method's outputs alias memory the next call reuses.
+//
+// Exit codes: 0 done; 1 the program failed at run time (a method returned an error or
+// broke the contract); 2 bad input (usage, a missing or foreign program file, a
+// program this runner does not understand, owners the program cannot serve).
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+#include <executorch/runtime/platform/platform.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::aten::Tensor;
+using executorch::extension::make_tensor_ptr;
+using executorch::extension::TensorPtr;
+using executorch::extension::module::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+constexpr int64_t kContractVersion = 1;  // docs/CONTRACT.md
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int64_t kMaxStep = 1000000;  // the largest join step accepted
+
+// A problem reported as one line on stderr and an exit code, never an abort.
+struct Failure : std::runtime_error {
+  int code;
+  Failure(int exit_code, const std::string& message) : std::runtime_error(message), code(exit_code) {}
+};
+
+[[noreturn]] void bad_input(const std::string& message) { throw Failure(kExitBadInput, message); }
+[[noreturn]] void failed(const std::string& message) { throw Failure(kExitFailed, message); }
+
+std::string error_name(Error e) { return executorch::runtime::to_string(e); }
+
+// The runtime's own log: its errors (they say why a load or a call failed) go to stderr,
+// its info lines (CPU probing at start-up) are dropped, so stdout/stderr stay parseable.
+void emit_runtime_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, const char*, size_t line,
+                      const char* message, size_t length) {
+  if (level == kError || level == kFatal) {
+    std::fprintf(stderr, "executorch: %c %s:%zu] %.*s\n", static_cast<char>(level), filename, line,
+                 static_cast<int>(length), message);
+  }
+}
+
+std::string num(double value) {  // as the user wrote it, not std::to_string's 0.500000
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
+std::string join(const std::vector<int64_t>& values, const char* sep = " ") {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? sep : "") + std::to_string(values[i]);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// Command line
+
+const char* kUsage = R"(usage: dflash_runner --program MODEL.pte --owner SPEC [--owner SPEC ...] [--target-only] [--drafts]
+
+Drives a dflash-et DFlash program (contract_version 1, docs/CONTRACT.md) through the
+ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
+
+  --program PATH   the model.pte of `dflash-et export` (program: dflash, a CPU backend)
+  --owner SPEC     one owner (request); give it once per owner, up to the program's max_owners.
+                   SPEC is key=value fields separated by ':'
+                     prompt=1,2,3      prompt token ids, comma-separated (required)
+                     max_new=12        tokens to generate, the first one from prefill included (required)
+                     temperature=0.8   0 = greedy (default 0; a greedy program takes greedy owners only)
+                     top_k=40          0 = off (default 0)
+                     top_p=0.9         in (0, 1]; 1 = off (default 1)
+                     seed=7            int64 (default 0)
+                     join=0            the step at which the owner joins, <= 1000000 (default 0)
+                     leave=5           the step before which it leaves, done or not (default: never)
+                   e.g. --owner prompt=5,17,42:max_new=16:temperature=0.8:top_k=40:top_p=0.9:seed=7
+  --target-only    verify the pending token alone (plain decoding, no drafts): the tokens
+                   must be the same as the speculative loop's
+  --drafts         also print every step's draft_forward drafts
+  -h, --help       this text
+
+Output (stdout), one record a line:
+  constants <key>=<value> ...
+  owner <i>: <its parameters>
+  step <s> owners <n> tokens <t> acceptance <accepted+1 per owner, '-' for none>
+  step <s> drafts <per owner: its block_size-1 drafts, comma-separated>  (--drafts; steps with owners)
+  owner <i> tokens: <committed token ids>
+  owner <i> stats: verifies <v> committed <c> mean_acceptance <c/v>
+  total: steps <s> verifies <v> committed <c> mean_acceptance <m> tokens_per_step <t>
+(<i> counts the --owner options from 0; committed = tokens committed by target_verify,
+the sum of accepted+1; the first token, from target_prefill, is not in it.)
+
+Exit status: 0 done, 1 the program failed at run time, 2 bad input or a program this
+runner does not understand.
+)";
+
+struct OwnerOptions {
+  std::vector<int64_t> prompt;
+  int64_t max_new = 0;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t seed = 0;
+  int64_t join = 0;
+  int64_t leave = -1;  // -1: never
+};
+
+struct Options {
+  std::string program;
+  std::vector<OwnerOptions> owners;
+  bool target_only = false;
+  bool drafts = false;
+};
+
+int64_t parse_int(const std::string& text, const std::string& what) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    bad_input(what + " must be an integer (int64), got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_float(const std::string& text, const std::string& what) {
+  // strtod, then the float32 cast where the value is used: the rounding of Python's
+  // torch.tensor([float(text)], dtype=float32), so parameters match the reference bit for bit.
+  char* end = nullptr;
+  errno = 0;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value)) {
+    bad_input(what + " must be a finite number, got '" + text + "'");
+  }
+  return value;
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+OwnerOptions parse_owner(const std::string& spec, size_t index) {
+  const std::string who = "--owner " + std::to_string(index) + " (" + spec + ")";
+  const std::set<std::string> keys = {"prompt", "max_new", "temperature", "top_k", "top_p", "seed", "join", "leave"};
+  OwnerOptions o;
+  std::set<std::string> seen;
+  for (const std::string& field : split(spec, ':')) {
+    size_t eq = field.find('=');
+    std::string key = field.substr(0, eq);
+    if (eq == std::string::npos || !keys.count(key)) {
+      bad_input(who + ": '" + field + "' is not key=value with a key among prompt, max_new, temperature, top_k, "
+                "top_p, seed, join, leave");
+    }
+    if (!seen.insert(key).second) bad_input(who + ": " + key + " is given twice");
+    std::string value = field.substr(eq + 1);
+    std::string what = who + ": " + key;
+    if (key == "prompt") {
+      for (const std::string& t : split(value, ',')) o.prompt.push_back(parse_int(t, what + " token"));
+    } else if (key == "max_new") {
+      o.max_new = parse_int(value, what);
+    } else if (key == "temperature") {
+      o.temperature = parse_float(value, what);
+    } else if (key == "top_k") {
+      o.top_k = parse_int(value, what);
+    } else if (key == "top_p") {
+      o.top_p = parse_float(value, what);
+    } else if (key == "seed") {
+      o.seed = parse_int(value, what);
+    } else if (key == "join") {
+      o.join = parse_int(value, what);
+    } else {
+      o.leave = parse_int(value, what);
+    }
+  }
+  if (!seen.count("prompt") || o.prompt.empty()) bad_input(who + ": give prompt=TOKEN,TOKEN,... (at least one token)");
+  if (!seen.count("max_new") || o.max_new < 1) bad_input(who + ": give max_new=N with N >= 1");
+  if (o.temperature < 0) bad_input(who + ": temperature must be >= 0 (0 = greedy), got " + num(o.temperature));
+  if (o.top_k < 0) bad_input(who + ": top_k must be >= 0 (0 = off), got " + std::to_string(o.top_k));
+  if (!(o.top_p > 0 && o.top_p <= 1)) bad_input(who + ": top_p must be in (0, 1] (1 = off), got " + num(o.top_p));
+  // Steps before a join are empty but still steps: bound them so a typo cannot spin for ages.
+  if (o.join < 0 || o.join > kMaxStep) {
+    bad_input(who + ": join must be in [0, " + std::to_string(kMaxStep) + "], got " + std::to_string(o.join));
+  }
+  if (seen.count("leave") && o.leave <= o.join) {
+    bad_input(who + ": leave (" + std::to_string(o.leave) + ") must be after join (" + std::to_string(o.join) + ")");
+  }
+  return o;
+}
+
+// Returns false when --help was asked for.
+bool parse_args(int argc, char** argv, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (arg.rfind(flag + "=", 0) == 0) return arg.substr(flag.size() + 1);
+      if (i + 1 >= argc) bad_input(flag + " needs a value (see --help)");
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") return false;
+    if (arg == "--target-only") {
+      options.target_only = true;
+    } else if (arg == "--drafts") {
+      options.drafts = true;
+    } else if (arg == "--program" || arg.rfind("--program=", 0) == 0) {
+      options.program = value("--program");
+    } else if (arg == "--owner" || arg.rfind("--owner=", 0) == 0) {
+      options.owners.push_back(parse_owner(value("--owner"), options.owners.size()));
+    } else {
+      bad_input("unknown argument '" + arg + "' (see --help)");
+    }
+  }
+  if (options.program.empty()) bad_input("give the program: --program MODEL.pte (see --help)");
+  if (options.owners.empty()) bad_input("give at least one --owner SPEC (see --help)");
+  return true;
+}
+
+// ---------------------------------------------------------------------------------
+// The program: constants, the contract check, method calls
+
+ScalarType dtype_of(const std::string& model_dtype) {
+  if (model_dtype == "float32") return ScalarType::Float;
+  if (model_dtype == "bfloat16") return ScalarType::BFloat16;
+  return ScalarType::Undefined;
+}
+
+class DFlashProgram {
+ public:
+  explicit DFlashProgram(const std::string& path) : path_(path) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      bad_input(path + ": no such file (give --program the model.pte written by `dflash-et export`)");
+    }
+    if (!std::filesystem::is_regular_file(path, ec)) bad_input(path + " is not a file (give --program a model.pte)");
+    // share_memory_arenas: every method gets the same mem_id 1 (activations) and mem_id 2
+    // (the mutable buffers: KV and drafter caches, placed once by name), so a cache written by
+    // target_prefill is the one target_verify reads. The arenas start zero-filled.
+    module_ = std::make_unique<Module>(path, Module::LoadMode::Mmap, /*event_tracer=*/nullptr,
+                                       /*memory_allocator=*/nullptr, /*temp_allocator=*/nullptr,
+                                       /*share_memory_arenas=*/true);
+    // InternalConsistency: verify the whole flatbuffer, so a damaged file is refused here
+    // rather than read out of bounds later.
+    Error e = module_->load(executorch::runtime::Program::Verification::InternalConsistency);
+    if (e != Error::Ok) bad_input(path + " is not an ExecuTorch program this runtime can load (" + error_name(e) + ")");
+    auto names = module_->method_names();
+    if (!names.ok()) bad_input(path + ": cannot list its methods (" + error_name(names.error()) + ")");
+    names_ = *names;
+    check_contract();
+    check_methods();
+  }
+
+  const std::string& path() const { return path_; }
+  bool sampling() const { return variant == "sampling"; }
+
+  // Runs `method`; every input is a runner-owned tensor. The returned EValues alias the
+  // shared arenas: read or copy them before the next call.
+  std::vector<EValue> call(const std::string& method, const std::vector<TensorPtr>& inputs, size_t num_outputs) {
+    std::vector<EValue> args;
+    args.reserve(inputs.size());
+    for (const TensorPtr& t : inputs) args.emplace_back(*t);
+    auto out = module_->execute(method, args);
+    if (!out.ok()) failed(method + " failed (" + error_name(out.error()) + ")");
+    if (out->size() != num_outputs) {
+      failed(method + " returned " + std::to_string(out->size()) + " outputs, expected " + std::to_string(num_outputs));
+    }
+    return std::move(*out);
+  }
+
+  // Constants (docs/CONTRACT.md "Constant methods").
+  int64_t contract_version = 0;
+  std::string program, variant, model_dtype;
+  int64_t vocab_size = 0, hidden_size = 0, num_target_layers = 0, hidden_width = 0;
+  std::vector<int64_t> target_layer_ids;
+  int64_t block_size = 0, mask_token_id = 0, max_rows = 0, max_owners = 0, max_seq_len = 0;
+  ScalarType hidden_dtype = ScalarType::Undefined;
+
+ private:
+  EValue constant(const std::string& name) {
+    if (!names_.count(name)) {
+      bad_input(path_ + " has no constant method '" + name + "': not a DFlash program of contract_version " +
+                std::to_string(kContractVersion) + " (docs/CONTRACT.md)");
+    }
+    auto out = module_->execute(name);
+    if (!out.ok() || out->size() != 1) bad_input(path_ + ": constant method '" + name + "' did not give one value");
+    return out->at(0);
+  }
+
+  int64_t int_constant(const std::string& name) {
+    EValue v = constant(name);
+    if (!v.isInt()) bad_input(path_ + ": constant '" + name + "' is not an int");
+    return v.toInt();
+  }
+
+  std::string string_constant(const std::string& name) {
+    EValue v = constant(name);
+    if (!v.isString()) bad_input(path_ + ": constant '" + name + "' is not a string");
+    return std::string(v.toString());
+  }
+
+  std::vector<int64_t> ints_constant(const std::string& name) {
+    EValue v = constant(name);
+    if (!v.isTensor() || v.toTensor().scalar_type() != ScalarType::Long || v.toTensor().dim() != 1) {
+      bad_input(path_ + ": constant '" + name + "' is not an int64 vector");
+    }
+    const Tensor& t = v.toTensor();
+    return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + t.numel());
+  }
+
+  void check_contract() {
+    if (!names_.count("contract_version")) {
+      bad_input(path_ + " has no 'contract_version' method: not a dflash-et program");
+    }
+    contract_version = int_constant("contract_version");
+    if (contract_version != kContractVersion) {
+      bad_input(path_ + " has contract_version " + std::to_string(contract_version) + "; this runner understands " +
+                "contract_version " + std::to_string(kContractVersion) +
+                " only: build the runner of the dflash-et that exported it");
+    }
+    program = string_constant("program");
+    if (program != "dflash") {
+      bad_input(path_ + " is a dflash-et '" + program + "' program; this runner drives DFlash programs " +
+                "(program: dflash, e.g. the tiny-dflash-greedy / tiny-dflash-sampling configs)");
+    }
+    variant = string_constant("variant");
+    if (variant != "greedy" && variant != "sampling") {
+      bad_input(path_ + " has variant '" + variant + "'; this runner knows 'greedy' and 'sampling'");
+    }
+    model_dtype = string_constant("model_dtype");
+    hidden_dtype = dtype_of(model_dtype);
+    if (hidden_dtype == ScalarType::Undefined) {
+      bad_input(path_ + " has model_dtype '" + model_dtype + "'; this runner knows 'float32' and 'bfloat16'");
+    }
+    vocab_size = int_constant("vocab_size");
+    hidden_size = int_constant("hidden_size");
+    num_target_layers = int_constant("num_target_layers");
+    hidden_width = int_constant("hidden_width");
+    target_layer_ids = ints_constant("target_layer_ids");
+    block_size = int_constant("block_size");
+    mask_token_id = int_constant("mask_token_id");
+    max_rows = int_constant("max_rows");
+    max_owners = int_constant("max_owners");
+    max_seq_len = int_constant("max_seq_len");
+    if (vocab_size < 1 || hidden_width < 1 || block_size < 2 || max_rows < 1 || max_owners < 1 || max_seq_len < 2) {
+      bad_input(path_ + ": constants out of the contract's range (vocab_size " + std::to_string(vocab_size) +
+                ", hidden_width " + std::to_string(hidden_width) + ", block_size " + std::to_string(block_size) +
+                ", max_rows " + std::to_string(max_rows) + ", max_owners " + std::to_string(max_owners) +
+                ", max_seq_len " + std::to_string(max_seq_len) + ")");
+    }
+  }
+
+  // The four model methods with the inputs / outputs of the contract, loaded (a kernel
+  // this runtime did not register shows here).
+  void check_methods() {
+    const ScalarType L = ScalarType::Long, F = ScalarType::Float, H = hidden_dtype;
+    std::vector<ScalarType> rows_in = {L, L, L, L};
+    if (sampling()) rows_in.insert(rows_in.end(), {F, L, F, L});
+    struct Signature {
+      const char* name;
+      std::vector<ScalarType> inputs, outputs;
+    };
+    const Signature signatures[] = {
+        {"target_prefill", rows_in, {L, H}},
+        {"draft_prefill", {H, L, L, L}, {L}},
+        {"draft_forward", {H, L, L, L, L, L}, {L}},
+        {"target_verify", rows_in, {L, L, H}},
+    };
+    for (const Signature& s : signatures) {
+      const std::string name = s.name;
+      if (!names_.count(name)) bad_input(path_ + " has no method '" + name + "' (docs/CONTRACT.md)");
+      auto meta = module_->method_meta(name);
+      if (!meta.ok()) bad_input(path_ + ": no metadata for '" + name + "' (" + error_name(meta.error()) + ")");
+      auto matches = [&](size_t count, auto tensor_meta, const std::vector<ScalarType>& want) {
+        if (count != want.size()) return false;
+        for (size_t i = 0; i < count; ++i) {
+          auto t = tensor_meta(i);
+          if (!t.ok() || t->scalar_type() != want[i]) return false;
+        }
+        return true;
+      };
+      bool inputs_ok = matches(meta->num_inputs(), [&](size_t i) { return meta->input_tensor_meta(i); }, s.inputs);
+      bool outputs_ok = matches(meta->num_outputs(), [&](size_t i) { return meta->output_tensor_meta(i); }, s.outputs);
+      if (!inputs_ok || !outputs_ok) {
+        bad_input(path_ + ": method '" + name + "' does not have the " + variant + " variant's " +
+                  std::to_string(s.inputs.size()) + " inputs / " + std::to_string(s.outputs.size()) +
+                  " outputs of contract_version " + std::to_string(kContractVersion) + " (docs/CONTRACT.md)");
+      }
+      Error e = module_->load_method(name);
+      if (e != Error::Ok) {
+        failed("loading method '" + name + "' of " + path_ + " failed (" + error_name(e) + ")" +
+               (e == Error::OperatorMissing ? ": a kernel it needs is not registered; link executorch::kernels_optimized"
+                                            : ""));
+      }
+    }
+  }
+
+  std::string path_;
+  std::unique_ptr<Module> module_;  // Module can be neither copied nor moved
+  std::unordered_set<std::string> names_;
+};
+
+// ---------------------------------------------------------------------------------
+// Tensors in and out: only int64 ids and counts are read; hidden is copied as bytes
+
+TensorPtr longs(std::vector<int64_t> values) {
+  const auto n = static_cast<SizesType>(values.size());
+  return make_tensor_ptr({n}, std::move(values));
+}
+
+TensorPtr floats(const std::vector<double>& values) {
+  std::vector<float> data(values.begin(), values.end());  // the float32 cast of the reference
+  const auto n = static_cast<SizesType>(data.size());
+  return make_tensor_ptr({n}, std::move(data));
+}
+
+TensorPtr offsets_of(const std::vector<int64_t>& counts) {  // cu_seqlens: [O+1]
+  std::vector<int64_t> out = {0};
+  for (int64_t c : counts) out.push_back(out.back() + c);
+  return longs(std::move(out));
+}
+
+// An int64 output with `numel` elements, copied out.
+std::vector<int64_t> read_ints(const EValue& v, const std::string& what, size_t numel) {
+  if (!v.isTensor() || v.toTensor().scalar_type() != ScalarType::Long ||
+      static_cast<size_t>(v.toTensor().numel()) != numel) {
+    failed(what + " is not an int64 tensor of " + std::to_string(numel) + " elements");
+  }
+  const int64_t* p = v.toTensor().const_data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + numel);
+}
+
+// A hidden output [rows, F] copied, byte for byte, into a runner-owned tensor.
+TensorPtr copy_hidden(const DFlashProgram& program, const EValue& v, const std::string& what, int64_t rows) {
+  if (!v.isTensor()) failed(what + " is not a tensor");
+  const Tensor& t = v.toTensor();
+  if (t.scalar_type() != program.hidden_dtype || t.dim() != 2 || t.size(0) != rows ||
+      t.size(1) != program.hidden_width) {
+    failed(what + " is not a [" + std::to_string(rows) + ", " + std::to_string(program.hidden_width) + "] " +
+           program.model_dtype + " tensor");
+  }
+  const auto* p = t.const_data_ptr<uint8_t>();
+  std::vector<uint8_t> bytes(p, p + t.nbytes());
+  return make_tensor_ptr({static_cast<SizesType>(rows), static_cast<SizesType>(program.hidden_width)}, std::move(bytes),
+                         program.hidden_dtype);
+}
+
+TensorPtr zero_hidden(const DFlashProgram& program) {  // [1, F]: no target_verify yet
+  std::vector<uint8_t> bytes(program.hidden_width * executorch::runtime::elementSize(program.hidden_dtype), 0);
+  return make_tensor_ptr({1, static_cast<SizesType>(program.hidden_width)}, std::move(bytes), program.hidden_dtype);
+}
+
+// ---------------------------------------------------------------------------------
+// The loop (export/driver.py: generate, prefill, _admit, _release, _draft, _verify_and_commit)
+
+struct Owner {
+  size_t index = 0;
+  OwnerOptions options;
+  // loop state
+  int64_t slot = -1;
+  std::vector<int64_t> generated;  // committed after the prompt; back() is pending
+  int64_t position = 0;            // position of the pending token
+  int64_t hidden_start = 0;        // its first row in the last target_verify's hidden
+  int64_t committed = 0;           // rows of that hidden to append to the drafter's context
+  // statistics
+  int64_t verifies = 0;             // target_verify calls that covered this owner
+  int64_t verified_committed = 0;   // the sum of their accepted + 1
+
+  bool done() const { return static_cast<int64_t>(generated.size()) >= options.max_new; }
+};
+
+struct Step {
+  size_t owners = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> acceptance;           // accepted + 1 per verified owner
+  std::vector<std::vector<int64_t>> drafts;  // draft_forward's drafts per verified owner
+};
+
+void check_owners(const DFlashProgram& p, const std::vector<OwnerOptions>& owners) {
+  if (static_cast<int64_t>(owners.size()) > p.max_owners) {
+    bad_input(std::to_string(owners.size()) + " owners given; " + p.path() + " serves at most max_owners = " +
+              std::to_string(p.max_owners) + " (its KV slots); give fewer --owner options");
+  }
+  if (static_cast<int64_t>(owners.size()) > p.max_rows) {  // every verified owner needs a row
+    bad_input(std::to_string(owners.size()) + " owners given; " + p.path() + " verifies at most max_rows = " +
+              std::to_string(p.max_rows) + " rows a call; give fewer --owner options");
+  }
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const OwnerOptions& o = owners[i];
+    const std::string who = "owner " + std::to_string(i);
+    const int64_t n = static_cast<int64_t>(o.prompt.size());
+    if (o.max_new > p.max_seq_len - n) {  // n + max_new > max_seq_len, without overflow
+      bad_input(who + ": prompt (" + std::to_string(n) + ") + max_new (" + std::to_string(o.max_new) +
+                ") exceeds the program's max_seq_len (" + std::to_string(p.max_seq_len) +
+                "); shorten one or export with a larger limits.max_seq_len");
+    }
+    for (int64_t t : o.prompt) {
+      if (t < 0 || t >= p.vocab_size) {
+        bad_input(who + ": prompt token " + std::to_string(t) + " is outside the vocab [0, " +
+                  std::to_string(p.vocab_size) + ")");
+      }
+    }
+    if (!p.sampling() && o.temperature > 0) {
+      bad_input(who + " asks for temperature " + num(o.temperature) +
+                "; a greedy program only decodes greedily (give temperature=0 or a sampling program)");
+    }
+  }
+}
+
+// The variant's sampling inputs of `owners` (none for the greedy variant).
+std::vector<TensorPtr> sampling_inputs(const DFlashProgram& p, const std::vector<Owner*>& owners) {
+  if (!p.sampling()) return {};
+  std::vector<double> temperature, top_p;
+  std::vector<int64_t> top_k, seed;
+  for (const Owner* o : owners) {
+    temperature.push_back(o->options.temperature);
+    top_k.push_back(o->options.top_k);
+    top_p.push_back(o->options.top_p);
+    seed.push_back(o->options.seed);
+  }
+  return {floats(temperature), longs(top_k), floats(top_p), longs(seed)};
+}
+
+// Prompts of the joining owners, in calls of at most max_rows rows and max_owners owners.
+void prefill(DFlashProgram& p, const std::vector<Owner*>& joiners, bool speculative) {
+  std::vector<int64_t> done(joiners.size(), 0);
+  auto left = [&](size_t i) { return static_cast<int64_t>(joiners[i]->options.prompt.size()) - done[i]; };
+  while (true) {
+    bool any = false;
+    for (size_t i = 0; i < joiners.size(); ++i) any |= left(i) > 0;
+    if (!any) return;
+    std::vector<size_t> batch;  // indices into joiners
+    std::vector<int64_t> counts;
+    for (size_t i = 0; i < joiners.size(); ++i) {
+      const int64_t room = p.max_rows - std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      if (left(i) > 0 && room > 0 && static_cast<int64_t>(batch.size()) < p.max_owners) {
+        batch.push_back(i);
+        counts.push_back(std::min(left(i), room));
+      }
+    }
+    std::vector<int64_t> tokens, starts, slots;
+    std::vector<Owner*> owners;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const Owner* o = joiners[batch[b]];
+      const auto& prompt = o->options.prompt;
+      const int64_t s = done[batch[b]];
+      tokens.insert(tokens.end(), prompt.begin() + s, prompt.begin() + s + counts[b]);
+      starts.push_back(s);
+      slots.push_back(o->slot);
+      owners.push_back(joiners[batch[b]]);
+    }
+    const int64_t rows = static_cast<int64_t>(tokens.size());
+    const TensorPtr offsets = offsets_of(counts), start_position = longs(starts), slot_ids = longs(slots);
+    std::vector<TensorPtr> inputs = {longs(tokens), offsets, start_position, slot_ids};
+    for (TensorPtr& t : sampling_inputs(p, owners)) inputs.push_back(std::move(t));
+    auto out = p.call("target_prefill", inputs, 2);
+    const std::vector<int64_t> first = read_ints(out[0], "target_prefill first_token", batch.size());
+    const TensorPtr hidden = copy_hidden(p, out[1], "target_prefill hidden", rows);
+    if (speculative) {
+      auto stored_out = p.call("draft_prefill", {hidden, offsets, start_position, slot_ids}, 1);
+      const std::vector<int64_t> stored = read_ints(stored_out[0], "draft_prefill stored", batch.size());
+      if (stored != counts) failed("draft_prefill stored [" + join(stored) + "] rows, expected [" + join(counts) + "]");
+    }
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Owner* o = joiners[batch[b]];
+      done[batch[b]] += counts[b];
+      if (left(batch[b]) == 0) {  // the last chunk decides the first token
+        if (first[b] < 0) failed("target_prefill gave no first token for owner " + std::to_string(o->index));
+        o->generated = {first[b]};
+        o->position = static_cast<int64_t>(o->options.prompt.size());
+        o->committed = 0;
+      }
+    }
+  }
+}
+
+// Rows to verify per owner: the pending token plus as many drafts as the block, the
+// owner's budget and the call's row bound allow.
+std::vector<int64_t> rows_per_owner(const DFlashProgram& p, const std::vector<Owner*>& active, bool speculative) {
+  std::vector<int64_t> n;
+  for (const Owner* o : active) {
+    n.push_back(std::min<int64_t>(speculative ? p.block_size : 1,
+                                  o->options.max_new - static_cast<int64_t>(o->generated.size())));
+  }
+  while (std::accumulate(n.begin(), n.end(), int64_t{0}) > p.max_rows) --*std::max_element(n.begin(), n.end());
+  return n;
+}
+
+// Owners whose join step has come, while slots and the owner bound allow; each takes
+// the lowest free slot (so a departed owner's slot is reused).
+std::vector<Owner*> admit(std::vector<Owner*>& waiting, const std::vector<Owner*>& active, std::vector<int64_t>& free,
+                          int64_t step, int64_t max_owners) {
+  std::vector<Owner*> joiners;
+  while (!waiting.empty() && waiting.front()->options.join <= step && !free.empty() &&
+         static_cast<int64_t>(active.size() + joiners.size()) < max_owners) {
+    Owner* o = waiting.front();
+    waiting.erase(waiting.begin());
+    auto lowest = std::min_element(free.begin(), free.end());
+    o->slot = *lowest;
+    free.erase(lowest);
+    joiners.push_back(o);
+  }
+  return joiners;
+}
+
+template <typename Leaving>
+void release(std::vector<Owner*>& active, std::vector<int64_t>& free, Leaving leaving) {
+  for (const Owner* o : active) {
+    if (leaving(*o)) free.push_back(o->slot);
+  }
+  active.erase(std::remove_if(active.begin(), active.end(), [&](const Owner* o) { return leaving(*o); }),
+               active.end());
+}
+
+// One draft_forward for every active owner: its committed rows of the last verify's
+// `hidden` (none for a joiner) become context, then block_size - 1 drafts each.
+std::vector<std::vector<int64_t>> draft(DFlashProgram& p, const std::vector<Owner*>& active, const TensorPtr& hidden) {
+  std::vector<int64_t> hidden_start, committed, pending, position, slots;
+  for (const Owner* o : active) {
+    hidden_start.push_back(o->hidden_start);
+    committed.push_back(o->committed);
+    pending.push_back(o->generated.back());
+    position.push_back(o->position);
+    slots.push_back(o->slot);
+  }
+  auto out = p.call("draft_forward",
+                    {hidden, longs(hidden_start), longs(committed), longs(pending), longs(position), longs(slots)}, 1);
+  const size_t width = static_cast<size_t>(p.block_size - 1);
+  const std::vector<int64_t> flat = read_ints(out[0], "draft_forward drafts", active.size() * width);  // [O, B-1]
+  std::vector<std::vector<int64_t>> drafts;
+  for (size_t i = 0; i < active.size(); ++i) drafts.emplace_back(flat.begin() + i * width, flat.begin() + (i + 1) * width);
+  return drafts;
+}
+
+// target_verify over each owner's [pending, drafts...]; commits the accepted drafts and
+// next_token. Returns accepted + 1 per owner; `hidden` becomes a copy of its hidden rows.
+std::vector<int64_t> verify_and_commit(DFlashProgram& p, const std::vector<Owner*>& active,
+                                       const std::vector<std::vector<int64_t>>& rows, TensorPtr& hidden) {
+  std::vector<int64_t> n, tokens, position, slots;
+  for (size_t i = 0; i < active.size(); ++i) {
+    n.push_back(static_cast<int64_t>(rows[i].size()));
+    tokens.insert(tokens.end(), rows[i].begin(), rows[i].end());
+    position.push_back(active[i]->position);
+    slots.push_back(active[i]->slot);
+  }
+  std::vector<TensorPtr> inputs = {longs(tokens), offsets_of(n), longs(position), longs(slots)};
+  for (TensorPtr& t : sampling_inputs(p, active)) inputs.push_back(std::move(t));
+  auto out = p.call("target_verify", inputs, 3);
+  const std::vector<int64_t> accepted = read_ints(out[0], "target_verify accepted", active.size());
+  const std::vector<int64_t> next_token = read_ints(out[1], "target_verify next_token", active.size());
+  hidden = copy_hidden(p, out[2], "target_verify hidden", static_cast<int64_t>(tokens.size()));
+  std::vector<int64_t> lengths;
+  int64_t offset = 0;
+  for (size_t i = 0; i < active.size(); ++i) {
+    Owner* o = active[i];
+    const int64_t a = accepted[i];
+    if (next_token[i] < 0 || next_token[i] >= p.vocab_size || a < 0 || a >= n[i]) {
+      failed("target_verify gave accepted " + std::to_string(a) + ", next_token " + std::to_string(next_token[i]) +
+             " for owner " + std::to_string(o->index) + " with " + std::to_string(n[i]) + " rows");
+    }
+    o->generated.insert(o->generated.end(), rows[i].begin() + 1, rows[i].begin() + 1 + a);
+    o->generated.push_back(next_token[i]);
+    o->hidden_start = offset;
+    o->committed = a + 1;
+    o->position += a + 1;
+    o->verifies += 1;
+    o->verified_committed += a + 1;
+    lengths.push_back(a + 1);
+    offset += n[i];
+  }
+  return lengths;
+}
+
+// Runs the loop until every owner is done or has left.
+std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool speculative) {
+  std::vector<Owner*> waiting;
+  for (Owner& o : owners) waiting.push_back(&o);
+  std::stable_sort(waiting.begin(), waiting.end(),
+                   [](const Owner* a, const Owner* b) { return a->options.join < b->options.join; });
+  std::vector<Owner*> active;
+  std::vector<int64_t> free(p.max_owners);
+  std::iota(free.begin(), free.end(), int64_t{0});
+  TensorPtr hidden = zero_hidden(p);
+  std::vector<Step> steps;
+  while (!waiting.empty() || !active.empty()) {
+    const int64_t step = static_cast<int64_t>(steps.size());
+    release(active, free, [&](const Owner& o) { return o.options.leave >= 0 && o.options.leave <= step; });
+    std::vector<Owner*> joiners = admit(waiting, active, free, step, p.max_owners);
+    if (!joiners.empty()) prefill(p, joiners, speculative);
+    active.insert(active.end(), joiners.begin(), joiners.end());
+    release(active, free, [](const Owner& o) { return o.done(); });
+    if (active.empty()) {
+      steps.push_back(Step{});
+      continue;
+    }
+    std::vector<std::vector<int64_t>> drafts =
+        speculative ? draft(p, active, hidden) : std::vector<std::vector<int64_t>>(active.size());
+    const std::vector<int64_t> n = rows_per_owner(p, active, speculative);
+    std::vector<std::vector<int64_t>> rows;
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (n[i] < 1) failed("no row left for owner " + std::to_string(active[i]->index) + " (max_rows too small)");
+      std::vector<int64_t> r = {active[i]->generated.back()};
+      r.insert(r.end(), drafts[i].begin(), drafts[i].begin() + std::min<int64_t>(n[i] - 1, drafts[i].size()));
+      rows.push_back(std::move(r));
+    }
+    Step s;
+    s.owners = active.size();
+    s.acceptance = verify_and_commit(p, active, rows, hidden);
+    s.tokens = std::accumulate(s.acceptance.begin(), s.acceptance.end(), int64_t{0});
+    s.drafts = std::move(drafts);
+    steps.push_back(std::move(s));
+  }
+  return steps;
+}
+
+// ---------------------------------------------------------------------------------
+// Report
+
+std::string describe(const OwnerOptions& o) {
+  char rule[160];
+  if (o.temperature <= 0) {
+    std::snprintf(rule, sizeof rule, "greedy");
+  } else {
+    std::snprintf(rule, sizeof rule, "temperature %g top_k %lld top_p %g seed %lld", o.temperature,
+                  static_cast<long long>(o.top_k), o.top_p, static_cast<long long>(o.seed));
+  }
+  std::string out = "prompt " + std::to_string(o.prompt.size()) + " tokens, max_new " + std::to_string(o.max_new) +
+                    ", " + rule + ", joins at step " + std::to_string(o.join);
+  if (o.leave >= 0) out += ", leaves before step " + std::to_string(o.leave);
+  return out;
+}
+
+void report(const DFlashProgram& p, const std::vector<Owner>& owners, const std::vector<Step>& steps,
+            bool print_drafts) {
+  std::printf("constants contract_version=%lld program=%s variant=%s model_dtype=%s vocab_size=%lld hidden_size=%lld "
+              "num_target_layers=%lld hidden_width=%lld target_layer_ids=%s block_size=%lld mask_token_id=%lld "
+              "max_rows=%lld max_owners=%lld max_seq_len=%lld\n",
+              static_cast<long long>(p.contract_version), p.program.c_str(), p.variant.c_str(), p.model_dtype.c_str(),
+              static_cast<long long>(p.vocab_size), static_cast<long long>(p.hidden_size),
+              static_cast<long long>(p.num_target_layers), static_cast<long long>(p.hidden_width),
+              join(p.target_layer_ids, ",").c_str(), static_cast<long long>(p.block_size),
+              static_cast<long long>(p.mask_token_id), static_cast<long long>(p.max_rows),
+              static_cast<long long>(p.max_owners), static_cast<long long>(p.max_seq_len));
+  for (const Owner& o : owners) std::printf("owner %zu: %s\n", o.index, describe(o.options).c_str());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    std::printf("step %zu owners %zu tokens %lld acceptance %s\n", i, s.owners, static_cast<long long>(s.tokens),
+                s.acceptance.empty() ? "-" : join(s.acceptance).c_str());
+    if (print_drafts && s.owners > 0) {
+      std::string text;
+      for (const auto& d : s.drafts) text += " " + (d.empty() ? std::string("-") : join(d, ","));
+      std::printf("step %zu drafts%s\n", i, text.c_str());
+    }
+  }
+  int64_t verifies = 0, committed = 0, busy = 0;
+  for (const Owner& o : owners) {
+    std::printf("owner %zu tokens: %s\n", o.index, join(o.generated).c_str());
+    std::printf("owner %zu stats: verifies %lld committed %lld mean_acceptance %.4f\n", o.index,
+                static_cast<long long>(o.verifies), static_cast<long long>(o.verified_committed),
+                o.verifies ? static_cast<double>(o.verified_committed) / o.verifies : 0.0);
+    verifies += o.verifies;
+    committed += o.verified_committed;
+  }
+  for (const Step& s : steps) busy += s.owners > 0;
+  std::printf("total: steps %zu verifies %lld committed %lld mean_acceptance %.4f tokens_per_step %.4f\n", steps.size(),
+              static_cast<long long>(verifies), static_cast<long long>(committed),
+              verifies ? static_cast<double>(committed) / verifies : 0.0,
+              busy ? static_cast<double>(committed) / busy : 0.0);
+}
+
+int run(int argc, char** argv) {
+  Options options;
+  if (!parse_args(argc, argv, options)) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  DFlashProgram program(options.program);
+  check_owners(program, options.owners);
+  std::vector<Owner> owners(options.owners.size());
+  for (size_t i = 0; i < owners.size(); ++i) {
+    owners[i].index = i;
+    owners[i].options = options.owners[i];
+  }
+  const std::vector<Step> steps = generate(program, owners, !options.target_only);
+  report(program, owners, steps, options.drafts);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(emit_runtime_log, __FILE__));
+  try {
+    return run(argc, argv);
+  } catch (const Failure& f) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dflash_runner: error: %s\n", f.what());
+    return f.code;
+  } catch (const std::exception& e) {  // std::bad_alloc and the like
+    std::fflush(stdout);
+    std::fprintf(stderr, "dflash_runner: error: %s\n", e.what());
+    return kExitFailed;
+  }
+}

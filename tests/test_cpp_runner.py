@@ -1,0 +1,259 @@
+"""The C++ runner (examples/cpp/dflash_runner), built against the installed ExecuTorch
+package and run on the tiny DFlash programs of both variants: its committed tokens, its
+drafts and its per-step acceptance equal the Python reference driver's (export/driver.py)
+for the same owners on the same .pte, and bad input gives a message and exit status 2,
+never a crash. (Committed tokens alone would not catch a drafter bookkeeping error: they
+equal target-only decoding whatever the drafts; the drafts do.)
+
+The fixture exports the programs in subprocesses and builds the runner meanwhile (the
+build goes to a pytest temporary directory, so a fresh clone builds it here)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_et.export import config, driver, methods
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "examples" / "cpp" / "dflash_runner"
+VARIANTS = ("greedy", "sampling")
+EXIT_BAD_INPUT = 2
+
+
+def _missing_toolchain() -> str | None:
+    if shutil.which("cmake") is None:
+        return "cmake is not installed (the C++ runner is built with CMake)"
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++")):
+        return "no C++ compiler (c++, g++ or clang++) is installed"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing_toolchain() is not None, reason=str(_missing_toolchain()))
+
+
+def _heads_yaml(directory: Path) -> Path:
+    path = directory / "heads-greedy-small.yaml"
+    path.write_text(yaml.safe_dump({
+        "program": "heads", "backend": "portable", "variant": "greedy", "logits_dtype": "float32",
+        "heads": {"vocab_size": 64}, "limits": {"max_rows": 16, "max_owners": 4},
+    }))
+    return path
+
+
+# A heads program claiming contract_version 2: the runner must refuse it before anything else.
+_FUTURE_EXPORT = textwrap.dedent("""
+    import sys
+    from dflash_et.export import config, exporter, methods
+    methods.CONTRACT_VERSION = 2
+    exporter.export_program(config.load(sys.argv[1]), sys.argv[2])
+""")
+
+
+def _build_runner(build: Path) -> Path:
+    """CMake against the executorch wheel's package config (about 5 s)."""
+    import executorch
+
+    prefix = Path(list(executorch.__path__)[0]) / "lib" / "cmake" / "executorch"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for cmd in (
+        ["cmake", "-S", str(SOURCE), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={prefix}"],
+        ["cmake", "--build", str(build)],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return build / "dflash_runner"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future': artifact directories}.
+    The four exports run as parallel processes while the runner builds."""
+    base = tmp_path_factory.mktemp("cpp_runner")
+    heads = _heads_yaml(base)
+    dirs = {v: base / f"tiny-dflash-{v}" for v in VARIANTS} | {"heads": base / "heads", "future": base / "future"}
+    commands = {
+        **{v: ["-m", "dflash_et.cli", "export", "--config", f"tiny-dflash-{v}", "--output-dir", str(dirs[v])]
+           for v in VARIANTS},
+        "heads": ["-m", "dflash_et.cli", "export", "--config", str(heads), "--output-dir", str(dirs["heads"])],
+        "future": ["-c", _FUTURE_EXPORT, str(heads), str(dirs["future"])],
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    jobs = {k: subprocess.Popen([sys.executable, *c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=ROOT) for k, c in commands.items()}
+    try:
+        runner = _build_runner(base / "build")
+    finally:
+        logs = {k: j.communicate()[0] for k, j in jobs.items()}
+    for k, j in jobs.items():
+        if j.returncode != 0:
+            pytest.fail(f"exporting {k} failed:\n{logs[k][-3000:]}")
+    return {"runner": runner, **dirs}
+
+
+@pytest.fixture(scope="module")
+def programs(setup):
+    """The Python reference's view of the same .pte files."""
+    return {v: driver.Program.load(methods.build(config.load(f"tiny-dflash-{v}")), setup[v]) for v in VARIANTS}
+
+
+def _spec(o: driver.Owner) -> str:
+    """An Owner as the runner's --owner value (repr keeps every float exact)."""
+    fields = [f"prompt={','.join(map(str, o.prompt))}", f"max_new={o.max_new}", f"temperature={o.temperature!r}",
+              f"top_k={o.top_k}", f"top_p={o.top_p!r}", f"seed={o.seed}", f"join={o.join}"]
+    if o.leave is not None:
+        fields.append(f"leave={o.leave}")
+    return ":".join(fields)
+
+
+def _run(runner: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(runner), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _run_owners(setup, variant: str, owners: list[driver.Owner], *extra: str) -> dict:
+    args = ["--program", setup[variant] / "model.pte", *extra]
+    for o in owners:
+        args += ["--owner", _spec(o)]
+    done = _run(setup["runner"], *args)
+    assert done.returncode == 0, f"runner failed ({done.returncode}):\n{done.stderr}"
+    return _parse(done.stdout)
+
+
+def _parse(stdout: str) -> dict:
+    """The runner's records: tokens and stats per owner, acceptance per step, the totals."""
+    out = {"tokens": {}, "stats": {}, "steps": [], "drafts": [], "total": None}
+    for line in stdout.splitlines():
+        words = line.split()
+        if line.startswith("owner ") and words[2] == "tokens:":
+            out["tokens"][int(words[1])] = [int(t) for t in words[3:]]
+        elif line.startswith("owner ") and words[2] == "stats:":
+            out["stats"][int(words[1])] = dict(zip(words[3::2], map(float, words[4::2])))
+        elif line.startswith("step ") and words[2] == "drafts":  # steps with owners only
+            out["drafts"].append([[] if d == "-" else [int(t) for t in d.split(",")] for d in words[3:]])
+        elif line.startswith("step "):
+            acceptance = line.split(" acceptance ")[1].split()
+            out["steps"].append([int(a) for a in acceptance if a != "-"])
+        elif line.startswith("total: "):
+            out["total"] = dict(zip(words[1::2], map(float, words[2::2])))
+    return out
+
+
+def _mixed(program: driver.Program) -> list[driver.Owner]:
+    """Three owners: greedy, temperature + top-k + top-p, temperature alone with a negative
+    seed (all greedy in a greedy program); the third joins late."""
+    sampling = program.constants["variant"] == "sampling"
+    params = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, top_k=40, top_p=0.9, seed=7) if sampling else dict(seed=7),
+        dict(temperature=1.1, seed=-(1 << 60)) if sampling else dict(),
+    ]
+    prompts = [[5, 17, 42], [200, 3, 3, 9, 81, 128, 1], [77]]
+    budgets = [20, 16, 24]
+    joins = [0, 0, 2]
+    return [driver.Owner(f"owner{i}", prompts[i], budgets[i], join=joins[i], **params[i]) for i in range(3)]
+
+
+def _crowd(program: driver.Program) -> list[driver.Owner]:
+    """max_owners owners with long budgets: enough verify calls that the random tiny drafter
+    gets some drafts accepted, so the commit of accepted drafts runs."""
+    c = program.constants
+    temperature = 0.7 if c["variant"] == "sampling" else 0.0
+    return [driver.Owner(f"owner{i}", [i * 31 % c["vocab_size"], i * 7 + 3, i * 13 + 5], 120,
+                         temperature=temperature, seed=i) for i in range(c["max_owners"])]
+
+
+OWNER_SETS = {
+    "mixed": _mixed,
+    "scenario": lambda program: driver.scenario(program, seed=0),  # chunked prefill, leave, slot reuse
+    "crowd": _crowd,
+}
+
+
+@pytest.mark.parametrize("owners", sorted(OWNER_SETS))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_runner_commits_the_reference_tokens(setup, programs, variant, owners):
+    program = programs[variant]
+    group = [o.fresh(name=f"owner{i}") for i, o in enumerate(OWNER_SETS[owners](program))]
+    want = driver.generate(program, group)
+    got = _run_owners(setup, variant, group, "--drafts")
+    for i, o in enumerate(group):
+        assert got["tokens"][i] == want.tokens[o.name], f"owner {i} ({o.describe()})"
+    assert got["steps"] == [s.acceptance for s in want.steps]
+    assert got["drafts"] == [s.drafts for s in want.steps if s.owners]
+    for i, o in enumerate(group):
+        stats = got["stats"][i]
+        assert stats["committed"] == len(got["tokens"][i]) - 1  # every token after the first one
+        assert stats["mean_acceptance"] == pytest.approx(stats["committed"] / stats["verifies"], abs=1e-4)
+    assert got["total"]["verifies"] == sum(len(s.acceptance) for s in want.steps)
+    assert got["total"]["mean_acceptance"] == pytest.approx(want.acceptance_length(), abs=1e-4)
+    assert got["total"]["tokens_per_step"] == pytest.approx(want.tokens_per_step(), abs=1e-4)
+    if owners == "crowd":
+        assert any(a > 1 for s in want.steps for a in s.acceptance), (
+            "no draft was accepted in the whole run: the test no longer covers committing accepted drafts; "
+            "give _crowd other prompts")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_target_only_gives_the_same_tokens(setup, programs, variant):
+    group = [o.fresh(name=f"owner{i}") for i, o in enumerate(_mixed(programs[variant]))]
+    speculative = _run_owners(setup, variant, group)
+    target_only = _run_owners(setup, variant, group, "--target-only")
+    assert target_only["tokens"] == speculative["tokens"]
+    assert all(a == [1] * len(a) for a in target_only["steps"])
+
+
+def _owner_args(*specs: str) -> list[str]:
+    return [a for s in specs for a in ("--owner", s)]
+
+
+BAD_INPUTS = {
+    "missing file": (lambda d: ["--program", d["sampling"] / "nope.pte", *_owner_args("prompt=1:max_new=2")],
+                     "no such file"),
+    "not a program": (lambda d: ["--program", d["sampling"] / "config.yaml", *_owner_args("prompt=1:max_new=2")],
+                      "is not an ExecuTorch program"),
+    "heads program": (lambda d: ["--program", d["heads"] / "model.pte", *_owner_args("prompt=1:max_new=2")],
+                      "is a dflash-et 'heads' program; this runner drives DFlash programs"),
+    "future contract": (lambda d: ["--program", d["future"] / "model.pte", *_owner_args("prompt=1:max_new=2")],
+                        "has contract_version 2; this runner understands contract_version 1"),
+    "token id = vocab": (lambda d: ["--program", d["sampling"] / "model.pte",
+                                    *_owner_args("prompt=1:max_new=2", "prompt=3,256,4:max_new=2")],
+                         "owner 1: prompt token 256 is outside the vocab [0, 256)"),
+    "negative token id": (lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=-1:max_new=2")],
+                          "prompt token -1 is outside the vocab"),
+    "too many owners": (lambda d: ["--program", d["sampling"] / "model.pte", *_owner_args(*["prompt=1:max_new=2"] * 9)],
+                        "serves at most max_owners = 8"),
+    "past max_seq_len": (lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=1,2:max_new=127")],
+                         "exceeds the program's max_seq_len (128)"),
+    "sampling owner, greedy program": (
+        lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=1:max_new=2:temperature=0.7")],
+        "a greedy program only decodes greedily"),
+    "bad owner field": (lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=1:max_new=2:topk=3")],
+                        "'topk=3' is not key=value with a key among"),
+    "bad number": (lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=1,x:max_new=2")],
+                   "prompt token must be an integer (int64), got 'x'"),
+    "no owners": (lambda d: ["--program", d["greedy"] / "model.pte"], "give at least one --owner"),
+    "unknown flag": (lambda d: ["--steps", "3"], "unknown argument '--steps'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_with_a_message(setup, case):
+    args, message = BAD_INPUTS[case]
+    done = _run(setup["runner"], *args(setup))
+    assert done.returncode == EXIT_BAD_INPUT, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert message in done.stderr
+    assert "tokens:" not in done.stdout
+
+
+def test_help_documents_the_owner_syntax(setup):
+    done = _run(setup["runner"], "--help")
+    assert done.returncode == 0
+    for key in ("prompt=", "max_new=", "temperature=", "top_k=", "top_p=", "seed=", "join=", "leave="):
+        assert key in done.stdout
