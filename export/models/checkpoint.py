@@ -453,6 +453,21 @@ def _dtype_name(model: torch.nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
+def _decoder_json(cfg) -> dict:
+    """The config.json keys a target and a drafter share (Hugging Face names)."""
+    return {
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        **_rope_json(cfg.rope),
+        "hidden_act": "silu",
+    }
+
+
 def save_target(model: Target, directory: Path) -> Path:
     """Write `model` as an HF checkpoint of its family (config.json + model.safetensors)."""
     cfg = model.cfg
@@ -462,17 +477,9 @@ def save_target(model: Target, directory: Path) -> Path:
         "architectures": [TARGET_TYPES[cfg.family]],
         "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **_rope_json(cfg.rope),
+        **_decoder_json(cfg),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": cfg.attention_bias,
-        "hidden_act": "silu",
         "max_position_embeddings": model.max_seq_len,
         "torch_dtype": _dtype_name(model),
     }
@@ -494,15 +501,7 @@ def save_drafter(model: Drafter, directory: Path) -> Path:
         "model_type": "qwen3",
         "block_size": cfg.block_size,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **_rope_json(cfg.rope),
-        "hidden_act": "silu",
+        **_decoder_json(cfg),
         "attention_bias": False,
         "layer_types": ["full_attention"] * cfg.num_layers,
         "tie_word_embeddings": True,
