@@ -51,6 +51,12 @@ def scratch_width(buf: int) -> int:
     return buf + WORK_SLOTS
 
 
+def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
+    """The domain of every head kernel: float32 / bfloat16 / float16 logits, 1 <= V < 2^31
+    (indices are packed in 32 bits next to the 32-bit keys)."""
+    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31
+
+
 def check_inputs(op: str, logits: torch.Tensor, **named: torch.Tensor) -> None:
     """Shape/dtype/device checks with errors that name the input and the fix."""
     if logits.dim() != 2:

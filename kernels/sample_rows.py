@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, launch_config
 from .sampling_rule import decide
 
@@ -68,8 +69,3 @@ def sample_rows(
 def _(logits, position, temperature, top_k, top_p, seed):
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
-
-def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
-    from .launch import SUPPORTED_DTYPES
-
-    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31

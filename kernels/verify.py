@@ -26,6 +26,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
+from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, launch_config, scratch_width
 from .sampling_rule import decide, search_row
 
@@ -158,8 +159,3 @@ def _(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed):
     owners = offsets.shape[0] - 1
     return (offsets.new_empty((owners,), dtype=torch.int64), offsets.new_empty((owners,), dtype=torch.int64))
 
-
-def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
-    from .launch import SUPPORTED_DTYPES
-
-    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31

@@ -38,3 +38,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def make_config(tmp_path):
     return lambda *a, **k: small_config(tmp_path, *a, **k)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and OpenMP workers spin-waiting on
+    a busy two-core machine can slow eager calls a hundredfold."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

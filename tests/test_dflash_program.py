@@ -19,14 +19,7 @@ from test_models import small_drafter, small_target
 CONFIGS = ("tiny-dflash-greedy", "tiny-dflash-sampling")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and OpenMP workers spin-waiting on
-    a busy two-core machine can slow eager calls a hundredfold."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

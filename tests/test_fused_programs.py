@@ -6,7 +6,6 @@ the eager program (plain ATen heads), token for token, in speculative and target
 import io
 
 import pytest
-import torch
 from conftest import DEVICE
 
 from dflash_et.export import artifact, config, driver, exporter, methods

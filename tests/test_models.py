@@ -13,14 +13,7 @@ from dflash_et.export.models import Drafter, DrafterConfig, Target, TargetConfig
 SLOTS, T = 3, 48
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and OpenMP workers spin-waiting on
-    a busy two-core machine can slow eager calls a hundredfold."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def small_target(family="qwen3", tie=False, bias=False, rope=None, seed=0) -> Target:
