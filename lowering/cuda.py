@@ -15,6 +15,7 @@ import torch
 
 from ..export import artifact, boundary, methods
 from .errors import LoweringError
+from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, head_paths
 
 PTD = "aoti_cuda_blob.ptd"
@@ -64,14 +65,15 @@ def lower(programs: dict, spec, cfg) -> tuple[dict[str, bytes], dict]:
         fused = {name: [] for name in programs}
         for program in programs.values():
             boundary.strip(program)  # the plain ATen heads go into the delegate
-    edge = to_edge_transform_and_lower(
-        programs,
-        partitioner=_partitioners(list(programs)),
-        # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
-        # skip the core-ATen check the same way (AOTInductor lowers what it meets).
-        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-        constant_methods=methods.constant_values(spec),
-    )
+    with delegate_outputs_in_order():  # KV-cache writes before user outputs (et_compat.py)
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner=_partitioners(list(programs)),
+            # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
+            # skip the core-ATen check the same way (AOTInductor lowers what it meets).
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=methods.constant_values(spec),
+        )
     program = edge.to_executorch()
     files = {artifact.PTE: program.buffer}
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,7 +29,9 @@ def _set_buffer(module: torch.nn.Module, fqn: str, tensor: torch.Tensor) -> None
 _ASSERTS = ("aten._assert_scalar", "aten.sym_constrain_range_for_size", "aten._assert_tensor_metadata")
 
 
-def _without_asserts(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def runnable_module(program: torch.export.ExportedProgram) -> torch.fx.GraphModule:
+    """`program.module()` without torch.export's size checks (the calls the `.pte` runs)."""
+    module = program.module()
     module._forward_pre_hooks.clear()  # torch.export's input-constraint check
     for node in list(module.graph.nodes):
         guards = node.op == "call_module" and node.target == "_guards_fn"  # newer torch: guards as code
@@ -42,7 +44,7 @@ def _without_asserts(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def graph_program(spec, programs: dict, device: str = "cpu") -> driver.Program:
     """A driver Program over the graph modules of `programs` (method name -> ExportedProgram)."""
-    modules = {name: _without_asserts(ep.module()).to(device) for name, ep in programs.items()}
+    modules = {name: runnable_module(ep).to(device) for name, ep in programs.items()}
     shared: dict[str, torch.Tensor] = {}
     for module in modules.values():
         for fqn, buf in list(module.named_buffers()):

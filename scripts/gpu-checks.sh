@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# GPU validation on a CUDA machine (the H200 of the device tool; not CI). Two stages:
+# GPU validation on a CUDA machine (the H200 of the device tool; not CI). Stages:
 #   scripts/gpu-checks.sh kernels   Triton compile warm-up, GPU parity suite, and the same suite
 #                                   (small sizes) under compute-sanitizer memcheck
-#   scripts/gpu-checks.sh lowering  CUDA exports of the head configs, rewritten graphs on the GPU,
-#                                   then the benchmark (writes benchmarks/RESULTS.md or $OUT/RESULTS.md)
+#   scripts/gpu-checks.sh lowering  CUDA exports of the head configs, rewritten graphs on the GPU
+#   scripts/gpu-checks.sh dflash    CUDA exports of the tiny DFlash configs, their rewritten graphs
+#                                   in the driver's loop against the ATen heads and the CPU program
+#   scripts/gpu-checks.sh smoke     the Qwen3-sized CUDA export + one verify step, fused vs ATen head
+#   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 # That machine has no network: ExecuTorch 1.2.0 comes as wheels in .whl/ (../shared/tools/device-wheels.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -47,9 +50,18 @@ kernels)
   wait $san; echo "compute-sanitizer exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
   ;;
 lowering)
-  timeout 330 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
-    | grep -E "cuda \{|passed|failed|Error" 
-  timeout 240 python3 benchmarks/bench_verify.py --no-compile --out "$OUT/RESULTS.md" 2>&1 | tail -45
+  timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
+    | grep -E "cuda \{|passed|failed|Error"
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|lowering" >&2; exit 2 ;;
+dflash)
+  timeout 540 python3 -m pytest -q -s -p no:cacheprovider tests/test_dflash_cuda_gpu.py 2>&1 | tee "$OUT/dflash.log" \
+    | grep -E "^export|^greedy|^sampling|^float32|^bfloat16|passed|failed|Error"
+  ;;
+smoke)
+  timeout 560 python3 benchmarks/bench_dflash_step.py --output-dir /tmp/smoke --out "$OUT/SMOKE.md" 2>&1 | tail -30
+  ;;
+bench)
+  timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
+  ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|lowering|dflash|smoke|bench [bench options]" >&2; exit 2 ;;
 esac

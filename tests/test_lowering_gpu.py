@@ -69,3 +69,20 @@ def test_rewritten_graph_and_its_compile_match_the_reference_on_gpu(variant):
                     assert not bool(((got[0] != want[0]) & ~close).any())
                 else:
                     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_fused_verify_off_puts_the_aten_head_into_the_cuda_delegate(tmp_path):
+    """lowering.fused_verify: false (the fallback / comparison build): no dflash:: op, the
+    plain ATen head compiled by AOTInductor inside the CUDA delegate."""
+    import dataclasses
+
+    from dflash_et.lowering.cuda import delegates
+
+    cfg = config.load("heads-greedy-cuda")
+    cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, fused_verify=False))
+    directory = exporter.export_program(cfg, tmp_path / "aten")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["lowering"]["fused_verify"] is False
+    assert manifest["lowering"]["fused_heads"] == {m.name: [] for m in methods.build(cfg).methods}
+    found = delegates((directory / "model.pte").read_bytes())
+    assert all(found[m.name] == ["CudaBackend"] for m in methods.build(cfg).methods), found

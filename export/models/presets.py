@@ -6,6 +6,10 @@ cores), shaped like the real thing: Qwen3-style q/k norm, GQA (4 query heads,
 with block size 4 and the last vocab id as its mask token. Weights come from
 `model.seed` (the drafter from its own stream), so the same config always gives
 the same `.pte`.
+
+`qwen3-smoke` / `qwen3-smoke-dflash` have Qwen3-1.7B's shapes (V = 151936, hidden
+2048) with 4 target layers and 1 drafter layer: a realistic-size smoke test of the
+CUDA export (configs/qwen3-smoke-sampling-cuda.yaml), not for CI.
 """
 
 import torch
@@ -20,6 +24,13 @@ TARGETS = {
         num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope=layers.Rope(theta=10_000.0),
         tie_embeddings=True,
     ),
+    # Qwen3-1.7B's shapes with 4 of its 28 layers: a realistic-size smoke test of the CUDA
+    # export (vocab, hidden and attention as in the real model), random weights.
+    "qwen3-smoke": TargetConfig(
+        family="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=4,
+        num_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope=layers.Rope(theta=1_000_000.0),
+        tie_embeddings=True,
+    ),
 }
 
 DRAFTERS = {
@@ -27,6 +38,12 @@ DRAFTERS = {
         hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
         block_size=4, target_layer_ids=(1, 2), mask_token_id=255, rms_norm_eps=1e-6,
         rope=layers.Rope(theta=10_000.0), vocab_size=256, num_target_layers=4,
+    ),
+    # z-lab's Qwen3 DFlash drafters' shape (block 16), one layer, tapping the smoke target.
+    "qwen3-smoke-dflash": DrafterConfig(
+        hidden_size=2048, intermediate_size=6144, num_layers=1, num_heads=16, num_kv_heads=8, head_dim=128,
+        block_size=16, target_layer_ids=(1, 2), mask_token_id=151669, rms_norm_eps=1e-6,
+        rope=layers.Rope(theta=1_000_000.0), vocab_size=151936, num_target_layers=4,
     ),
 }
 
