@@ -2,6 +2,8 @@
 swaps the whole subgraph for one dflash:: op; the rewritten graph gives the
 reference's token ids (Triton interpreter on the CPU)."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DEVICE
@@ -171,3 +173,37 @@ def test_cuda_backend_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "backend: cuda needs a CUDA GPU" in err and "Traceback" not in err
     assert not (tmp_path / "c" / "model.pte").exists()
+
+
+def test_cuda_lowering_hands_each_fused_method_whole_to_aotinductor(monkeypatch):
+    """This machine's ExecuTorch (1.5 in CI), up to where AOTInductor needs a GPU: every
+    method becomes one CUDA partition whose program holds the fused dflash:: call and the
+    method's inputs (the GPU machine runs the rest with ExecuTorch 1.2)."""
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    from dflash_et.lowering import cuda
+
+    class Reached(Exception):
+        pass
+
+    seen = {}
+
+    def stop(cls, program, device, compile_specs):
+        seen.setdefault(cls.method_name_from_compile_specs(compile_specs), []).append(program)
+        raise Reached
+
+    monkeypatch.setattr(CudaBackend, "move_program_to_device", classmethod(stop))
+    monkeypatch.setattr(cuda, "require_cuda", lambda: None)
+    cfg = config.load("heads-sampling-cuda")
+    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
+    programs = trace(spec, _quiet())
+    for m in spec.methods:
+        one = methods.ProgramSpec([m], spec.constants, spec.dims)
+        with pytest.raises(Reached):
+            cuda.lower({m.name: programs[m.name]}, one, cfg)
+        (program,) = seen[m.name]
+        ops = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+        fused = [op for op in ops if "dflash." in op]
+        assert len(fused) == 1 and f"dflash.{m.head}.default" in fused[0], fused
+        assert len(ops) < 8, ops  # the head's ATen ops are gone: the call and its getitems (and a few casts)
+        assert list(program.graph_signature.user_inputs) == [t.name for t in m.inputs]
