@@ -117,8 +117,12 @@ def export_program(
         cuda_lowering.require_cuda()  # before minutes of tracing
     programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
     if cfg.backend == "cuda":
-        with progress.stage(f"lowering and serializing ({cfg.backend})"):
+        with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
             files, lowering_report = cuda_lowering.lower(programs, spec, cfg)
+        fused = lowering_report["fused_heads"]
+        progress.say("fused verify heads: " + ", ".join(
+            f"{name} {len(heads)}" + (f" ({', '.join(heads)})" if heads else "") for name, heads in fused.items())
+            if cfg.lowering.fused_verify else "fused verify heads: none (lowering.fused_verify: false)")
     else:
         files, lowering_report = lower_portable(programs, spec, progress), None
     with progress.stage(f"writing {out}"):

@@ -207,3 +207,24 @@ def test_cuda_lowering_hands_each_fused_method_whole_to_aotinductor(monkeypatch)
         assert len(fused) == 1 and f"dflash.{m.head}.default" in fused[0], fused
         assert len(ops) < 8, ops  # the head's ATen ops are gone: the call and its getitems (and a few casts)
         assert list(program.graph_signature.user_inputs) == [t.name for t in m.inputs]
+
+
+def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path):
+    """The exporter's side of a CUDA export (the lowering itself needs a GPU: stubbed here):
+    the fused heads of every method are printed and land in the manifest."""
+    import io
+    import json
+
+    from dflash_et.export import exporter
+    from dflash_et.lowering import cuda
+
+    report = {"fused_verify": True, "fused_heads": {"dflash_verify": ["dflash_verify@<root>"], "sample_rows": []},
+              "delegates": {}}
+    monkeypatch.setattr(cuda, "require_cuda", lambda: None)
+    monkeypatch.setattr(exporter, "trace", lambda spec, progress, device: {})
+    monkeypatch.setattr(cuda, "lower", lambda programs, spec, cfg: ({"model.pte": b"pte", cuda.PTD: b"ptd"}, report))
+    stream = io.StringIO()
+    directory = exporter.export_program(config.load("heads-sampling-cuda"), tmp_path / "x",
+                                        progress=artifact.Progress(9, stream=stream))
+    assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
+    assert json.loads((directory / "manifest.json").read_text())["lowering"] == report

@@ -214,3 +214,18 @@ def test_presets_are_deterministic_and_seeded():
     c = methods.build(config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "seed": 1}}))
     wa, wb, wc = (s.methods[0].module.target.model.embed_tokens.weight for s in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_every_builtin_config_loads_and_pairs_its_models():
+    """Every YAML in configs/ parses, and a DFlash config's target and drafter fit each other
+    and its limits (checked from the architectures, without building any weights)."""
+    from dflash_et.export import models
+
+    names = sorted(p.stem for p in config.BUILTIN_DIR.glob("*.yaml"))
+    assert "qwen3-smoke-sampling-cuda" in names and len(names) >= 9
+    for name in names:
+        cfg = config.load(name)
+        if cfg.program == "dflash":
+            target, _ = models.target_config(cfg.model)
+            drafter, _ = models.drafter_config(cfg.model)
+            models.check_pair(target, drafter, cfg.limits)
