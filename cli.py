@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             from .export import exporter
 
-            exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force)
+            with artifact.Interrupts.catching():
+                exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force)
             return 0
         if args.command == "check":
             from .export import check

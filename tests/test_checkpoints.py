@@ -259,8 +259,8 @@ def test_a_drafter_that_does_not_fit_the_target(changes, message):
 
 def test_model_names_that_are_neither_preset_nor_directory(tmp_path):
     limits = LimitsConfig()
-    with pytest.raises(ConfigError, match=r"model\.target 'tinny' is neither a preset \(tiny\) nor a checkpoint "
-                                          r"directory \(tinny does not exist\)"):
+    with pytest.raises(ConfigError, match=r"model\.target 'tinny' is neither a preset \(tiny, qwen3-smoke\) nor a "
+                                          r"checkpoint directory \(tinny does not exist\)"):
         models.load(ModelConfig("tinny", "tiny-dflash"), limits)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"model\.drafter .* is not a directory"):
