@@ -67,11 +67,11 @@ def verify_case(
     params = owner_params(g, num_owners, vocab, greedy_only)
     x = logits(g, num_rows, vocab, dtype)
     tokens = torch.randint(-2, vocab + 2, (num_rows,), generator=g)
-    _plant_target_tokens(g, x, tokens, offsets, params, vocab)
+    plant_target_tokens(g, x, tokens, offsets, params, vocab)
     return {"logits": x, "tokens": tokens, "offsets": offsets, **params}
 
 
-def _plant_target_tokens(g, x, tokens, offsets, params, vocab) -> None:
+def plant_target_tokens(g, x, tokens, offsets, params, vocab) -> None:
     """Make a random prefix of some owners' drafts equal the target's own tokens."""
     num_rows = x.shape[0]
     for o in range(offsets.shape[0] - 1):

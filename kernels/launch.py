@@ -10,7 +10,7 @@ import torch
 import triton
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-LIGHT_BLOCK = 4096
+LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
 WORK_SLOTS = 4  # per row: token, match, x_max bits, mass bits (after the candidate buffer)
@@ -30,17 +30,22 @@ class RowConfig:
     buf: int  # candidate buffer entries: >= cap + block, a power of two
 
 
-def launch_config(vocab: int, cap: int | None = None, block: int | None = None) -> tuple[RowConfig, RowConfig]:
-    """(light, filtered) row-kernel configs for rows of `vocab` logits. `cap` and
-    `block` override the filtered instance's (tests force buffer shrinks with them).
+def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
+                  itemsize: int = 2) -> tuple[RowConfig, RowConfig]:
+    """(light, filtered) row-kernel configs for rows of `vocab` logits of `itemsize` bytes.
+    `cap` overrides the filtered instance's, `block` both instances' (tests force buffer
+    shrinks, and many online-max steps per row, with them).
 
-    Light rows (greedy, temperature only) stream big blocks with deep pipelining at
-    low register use. Filtered rows also hold the candidate filter and sorts: smaller
+    Light rows (greedy, temperature only) stream 8 KB steps with deep pipelining; their
+    per-lane accumulators (`scan_lanes`) hold 2 lanes per thread at 8 warps, 128
+    registers on sm_90 for bf16 / float16 (174 with 4096 float32 steps: hence bytes,
+    not logits, per step). Filtered rows also hold the candidate filter and sorts: smaller
     blocks keep ptxas under 255 registers without spills on sm_90.
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)
-    light = RowConfig(block=min(LIGHT_BLOCK, pow2), warps=8 if pow2 >= 1024 else 4, stages=3, cap=16, buf=32)
+    light_block = min(LIGHT_BYTES // itemsize, pow2) if block is None else max(16, block)
+    light = RowConfig(block=light_block, warps=8 if light_block >= 1024 else 4, stages=3, cap=16, buf=32)
     block = block if block is not None else min(FILTERED_BLOCK, pow2)
     buf = triton.next_power_of_2(cap + block)
     heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)

@@ -37,7 +37,7 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
            block: int | None = None):
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
-    light, heavy = launch_config(vocab, cap, block)
+    light, heavy = launch_config(vocab, cap, block, logits.element_size())
     work = torch.empty(n, heavy.buf, dtype=torch.int64, device=logits.device)
     if n > 0:
         for cfg, filtered in ((light, False), (heavy, True)):

@@ -107,6 +107,49 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
 
 
 @triton.jit
+def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """The HBM pass of greedy and temperature-only rows, with per-lane accumulators:
+    (max, argmax, finite count, mass S, mass below draft), like `scan_row` without
+    candidates. Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous]
+    (VEC: 16 bytes of logits, one vector load per lane) and folds them into each lane's own online max and sums (a reduction inside the
+    thread): no block-wide reduction, so no barrier, until the lanes are combined once
+    after the loop. Each weight is still exp((x - m) / T) times exp((m - max) / T)
+    rescales, a few float32 ulps from SPEC.md's, as in `scan_row`."""
+    VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
+    LANES: tl.constexpr = BLOCK // VEC
+    lane_max = tl.full((LANES,), float("-inf"), tl.float32)
+    lane_arg = tl.zeros((LANES,), dtype=tl.int32) + vocab
+    lane_finite = tl.zeros((LANES,), dtype=tl.int32)
+    lane_mass = tl.zeros((LANES,), dtype=tl.float64)
+    lane_below = tl.zeros((LANES,), dtype=tl.float64)
+    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+        offs = start + grid
+        x, fin = _load_row(row_ptr, offs, vocab)
+        lane_finite += tl.sum(fin.to(tl.int32), 1)
+        step_max = tl.max(x, 1)
+        step_arg = tl.min(tl.where(x == step_max[:, None], offs, vocab), 1)
+        new_max = tl.maximum(lane_max, step_max)
+        lane_arg = tl.where(step_max > lane_max, step_arg, lane_arg)  # earlier steps win ties
+        if sampling:
+            rescale = tl.where(new_max > float("-inf"), weight(lane_max, new_max, temperature), 1.0)
+            e = tl.where(fin, weight(x, new_max[:, None], temperature), 0.0).to(tl.float64)
+            lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1)
+            lane_below = lane_below * rescale.to(tl.float64) + tl.sum(tl.where(offs < draft, e, 0.0), 1)
+        lane_max = new_max
+    x_max = tl.max(lane_max, 0)
+    arg = tl.min(tl.where(lane_max == x_max, lane_arg, vocab), 0)  # the lowest index of the max
+    finite = tl.sum(lane_finite, 0)
+    mass = tl.zeros((), dtype=tl.float64)
+    below = tl.zeros((), dtype=tl.float64)
+    if sampling:
+        to_max = tl.where(lane_max > float("-inf"), weight(lane_max, x_max, temperature), 0.0).to(tl.float64)
+        mass = tl.sum(lane_mass * to_max, 0)
+        below = tl.sum(lane_below * to_max, 0)
+    return x_max, arg, finite, mass, below
+
+
+@triton.jit
 def _in_rule(u, tie_rank, cut, room):
     return (u > cut) | ((u == cut) & (tie_rank < room))
 
@@ -250,8 +293,13 @@ def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf
     k = tl.where(use_k, top_k, vocab).to(tl.int64)
     want = tl.minimum(k, CAP)
     if filtered == FILTERED:
-        x_max, arg, finite, mass, below, count = scan_row(
-            row_ptr, vocab, temperature, d, sampling, want, buf_ptr, FILTERED, BLOCK, BUF, STAGES)
+        if FILTERED:
+            x_max, arg, finite, mass, below, count = scan_row(
+                row_ptr, vocab, temperature, d, sampling, want, buf_ptr, True, BLOCK, BUF, STAGES)
+        else:
+            x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK,
+                                                         STAGES)
+            count = tl.zeros((), dtype=tl.int64)
         u = uniform(seed, position)
         token = tl.where(finite > 0, arg.to(tl.int64), -1)
         match = (token == d) & (d >= 0)

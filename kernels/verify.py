@@ -112,7 +112,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     device = logits.device
     accepted = torch.empty(num_owners, dtype=torch.int64, device=device)
     next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
-    light, heavy = launch_config(vocab, cap, block)
+    light, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
     work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
     if num_rows > 0 and num_owners > 0:

@@ -39,7 +39,7 @@ def _packed_case(g, vocab, dtype, max_rows):
     params = cases.owner_params(g, owners, vocab)
     x = cases.logits(g, rows, vocab, dtype)
     tokens = torch.randint(-2, vocab + 2, (rows,), generator=g)
-    cases._plant_target_tokens(g, x, tokens, offsets, params, vocab)
+    cases.plant_target_tokens(g, x, tokens, offsets, params, vocab)
     return {"logits": x, "tokens": tokens, "offsets": offsets, **params}
 
 
