@@ -52,6 +52,20 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     return light, heavy
 
 
+TARGET_PROGRAMS = 1024  # chunk programs to aim for: enough to fill 132 SMs several times
+MAX_SPLITS = 16
+
+
+def split_rows(rows: int, vocab: int, block: int) -> tuple[int, int]:
+    """(chunk, splits): each row read by `splits` programs of `chunk` logits (a multiple of
+    `block`); `splits` is a power of two >= the chunks needed, the unused ones idle. Few rows
+    get many chunks, many rows one."""
+    want = max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // max(rows, 1))))
+    chunk = -(-vocab // want)
+    chunk = -(-chunk // block) * block
+    return chunk, triton.next_power_of_2(-(-vocab // chunk))
+
+
 def scratch_width(buf: int) -> int:
     return buf + WORK_SLOTS
 

@@ -1,10 +1,17 @@
 """`dflash::sample_rows`: the sampling rule of SPEC.md on every row, fused.
 
-Algorithm: one program per row runs `sampling_rule.decide` with the token always
-needed (see that module: one HBM pass; a search pass for temperature-only rows;
-streamed candidates sorted in registers for top-k / top-p rows). Two launches:
-a light instance for greedy and temperature-only rows, a FILTERED one for top-k /
-top-p rows (each skips the other's rows).
+Algorithm, three launches (no host synchronisation):
+
+1. `chunk_kernel`, SPLITS programs per row: each reads one chunk of a greedy or
+   temperature-only row (`scan_lanes`) and stores its max, argmax, finite count
+   and mass. A few rows (sample_rows often has only one per owner) still fill
+   the GPU this way.
+2. `sample_rows_kernel`, light instance, one program per row: combines the chunks;
+   a greedy row's token is the argmax, a temperature row's is searched in the one
+   chunk where the prefix mass crosses t (`light_token_from_chunks`).
+3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row:
+   `sampling_rule.decide` (one HBM pass streaming the best tokens into a candidate
+   buffer sorted in registers; see that module).
 
 Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.
@@ -16,20 +23,44 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import check_inputs, check_length, launch_config
-from .sampling_rule import decide
+from .common import uniform
+from .launch import check_inputs, check_length, launch_config, split_rows
+from .sampling_rule import decide, is_light, light_token_from_chunks, scan_lanes, store_chunk
+
+
+@triton.jit
+def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part_ptr, vocab, chunk,
+                 SPLITS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row)
+    if is_light(temperature, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), vocab):
+        lo = c * chunk  # past the row for unused chunks: they store max -inf, nothing else
+        x_max, arg, finite, mass, _ = scan_lanes(logits_ptr + row * stride, tl.minimum(lo + chunk, vocab),
+                                                 temperature, -1, temperature > 0, BLOCK, STAGES, lo)
+        store_chunk(part_ptr + (row * SPLITS + c) * 4, x_max, arg, finite, mass)
+
 
 @triton.jit
 def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                       seed_ptr, out_ptr, work_ptr, vocab, FILTERED: tl.constexpr,
+                       seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
-                       STAGES: tl.constexpr):
+                       STAGES: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    token, _, _, _ = decide(
-        logits_ptr + row * stride, vocab, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
-        tl.load(top_p_ptr + row), tl.load(seed_ptr + row), tl.load(position_ptr + row), -1,
-        work_ptr + row * BUF, FILTERED, True, BLOCK, CAP, BUF, STAGES)
-    if token != -3:  # -3: a row of the other instance
+    temperature = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    row_ptr = logits_ptr + row * stride
+    if FILTERED:
+        token, _, _, _ = decide(
+            row_ptr, vocab, temperature, top_k, top_p, tl.load(seed_ptr + row), tl.load(position_ptr + row), -1,
+            work_ptr + row * BUF, True, BLOCK, CAP, BUF, STAGES)
+        if token != -3:  # -3: a light row
+            tl.store(out_ptr + row, token)
+    elif is_light(temperature, top_k, top_p, vocab):
+        u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+        token = light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr + row * SPLITS * 4, chunk,
+                                        SPLITS, BLOCK)
         tl.store(out_ptr + row, token)
 
 
@@ -38,13 +69,18 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     light, heavy = launch_config(vocab, cap, block, logits.element_size())
+    chunk, splits = split_rows(n, vocab, light.block)
     work = torch.empty(n, heavy.buf, dtype=torch.int64, device=logits.device)
+    parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
     if n > 0:
+        wrap_triton(chunk_kernel)[(n, splits)](
+            logits, logits.stride(0), temperature, top_k, top_p, parts, vocab, chunk, SPLITS=splits,
+            BLOCK=light.block, STAGES=light.stages, num_warps=light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             wrap_triton(sample_rows_kernel)[(n,)](
-                logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab,
-                FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, STAGES=cfg.stages,
-                num_warps=cfg.warps)
+                logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, parts, vocab,
+                chunk, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, STAGES=cfg.stages,
+                SPLITS=splits, num_warps=cfg.warps)
     return out
 
 

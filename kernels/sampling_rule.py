@@ -107,14 +107,16 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
 
 
 @triton.jit
-def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+               lo=0):
     """The HBM pass of greedy and temperature-only rows, with per-lane accumulators:
     (max, argmax, finite count, mass S, mass below draft), like `scan_row` without
     candidates. Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous]
     (VEC: 16 bytes of logits, one vector load per lane) and folds them into each lane's own online max and sums (a reduction inside the
     thread): no block-wide reduction, so no barrier, until the lanes are combined once
     after the loop. Each weight is still exp((x - m) / T) times exp((m - max) / T)
-    rescales, a few float32 ulps from SPEC.md's, as in `scan_row`."""
+    rescales, a few float32 ulps from SPEC.md's, as in `scan_row`. With `lo`, the
+    logits [lo, vocab) only (one chunk of a split row: `vocab` is then the chunk's end)."""
     VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
@@ -123,7 +125,7 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     lane_mass = tl.zeros((LANES,), dtype=tl.float64)
     lane_below = tl.zeros((LANES,), dtype=tl.float64)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
+    for start in tl.range(lo, vocab, BLOCK, num_stages=STAGES):
         offs = start + grid
         x, fin = _load_row(row_ptr, offs, vocab)
         lane_finite += tl.sum(fin.to(tl.int32), 1)
@@ -150,6 +152,51 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
 
 
 @triton.jit
+def is_light(temperature, top_k, top_p, vocab):
+    """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy, NaN top_p off)."""
+    sampling = temperature > 0
+    return ~(sampling & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0)))
+
+
+@triton.jit
+def store_chunk(part_ptr, x_max, arg, finite, mass):
+    """One chunk's partial results, as four int64 words."""
+    tl.store(part_ptr, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(part_ptr + 1, arg.to(tl.int64))
+    tl.store(part_ptr + 2, finite.to(tl.int64))
+    tl.store(part_ptr + 3, mass.to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr, chunk, SPLITS: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """The token of a greedy or temperature-only row from its chunks' partials (`store_chunk`;
+    unused chunks hold max -inf): max and argmax (lowest index) over the chunks; for
+    temperature rows t = u * S with S the chunks' masses rescaled to the row max, and the
+    search runs in the one chunk where the chunks' prefix mass first exceeds t (else the
+    last chunk with mass), from that chunk's preceding mass."""
+    c = tl.arange(0, SPLITS)
+    m = tl.load(part_ptr + c * 4).to(tl.int32).to(tl.float32, bitcast=True)
+    a = tl.load(part_ptr + c * 4 + 1)
+    finite = tl.sum(tl.load(part_ptr + c * 4 + 2), 0)
+    x_max = tl.max(m, 0)
+    token = tl.min(tl.where(m == x_max, a, INT64_MAX), 0)
+    token = tl.where(finite > 0, token, -1)
+    if (temperature > 0) & (finite > 0):
+        scale = tl.where(m > float("-inf"), weight(m, x_max, temperature), 0.0).to(tl.float64)
+        mass = tl.load(part_ptr + c * 4 + 3).to(tl.float64, bitcast=True) * scale
+        prefix = tl.cumsum(mass, 0)
+        t = u.to(tl.float64) * tl.sum(mass, 0)
+        hit = tl.min(tl.where(prefix > t, c, SPLITS), 0)
+        at = tl.where(hit < SPLITS, hit, tl.max(tl.where(mass > 0, c, 0), 0))
+        before = tl.sum(tl.where(c < at, mass, 0.0), 0)
+        lo = at * chunk
+        token = search_row(row_ptr, vocab, x_max, temperature, t, -1, 0, -1, 0, -1, BLOCK,
+                           lo, tl.minimum(lo + chunk, vocab), before)
+    return token
+
+
+@triton.jit
 def _in_rule(u, tie_rank, cut, room):
     return (u > cut) | ((u == cut) & (tie_rank < room))
 
@@ -167,23 +214,27 @@ def _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first):
 
 @triton.jit
 def search_row(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, lo=0, hi=None, prefix0=0.0):
     """SPEC.md step 7 over the kept set: the smallest v in K whose inclusive index-order
-    prefix exceeds t, else the largest v in K with e_v > 0."""
-    prefix = tl.zeros((), dtype=tl.float64)
+    prefix exceeds t, else the largest v in K with e_v > 0. [lo, hi) narrows the search
+    to one chunk of the row whose preceding mass is prefix0 (rows without cut rules:
+    the rules' tie counts start at lo)."""
+    if hi is None:
+        hi = vocab
+    prefix = tl.zeros((), dtype=tl.float64) + prefix0
     token = tl.zeros((), dtype=tl.int64) - 1
     last = tl.zeros((), dtype=tl.int64) - 1
     ties_k = tl.zeros((), dtype=tl.int64)
     ties_p = tl.zeros((), dtype=tl.int64)
-    start = tl.zeros((), dtype=tl.int32)
-    while (token < 0) & (start < vocab):
+    start = tl.zeros((), dtype=tl.int32) + lo
+    while (token < 0) & (start < hi):
         offs = start + tl.arange(0, BLOCK)
-        x, fin = _load_row(row_ptr, offs, vocab)
+        x, fin = _load_row(row_ptr, offs, hi)
         kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
         e = tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64)
         hit = (prefix + tl.cumsum(e, 0)) > t
-        found = tl.min(tl.where(hit, offs, vocab), 0)
-        token = tl.where(found < vocab, found.to(tl.int64), token)
+        found = tl.min(tl.where(hit, offs, hi), 0)
+        token = tl.where(found < hi, found.to(tl.int64), token)
         last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
         prefix += tl.sum(e, 0)
         start += BLOCK
@@ -271,15 +322,15 @@ def _search_candidates(packed, kept, x_max, temperature, u, BUF: tl.constexpr):
 
 @triton.jit
 def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf_ptr,
-           FILTERED: tl.constexpr, NEED_TOKEN: tl.constexpr, BLOCK: tl.constexpr,
-           CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+           FILTERED: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
+           STAGES: tl.constexpr):
     """The target's token at `position` for this row, and whether it equals `draft`.
 
     FILTERED picks which rows this instance decides: off, greedy and temperature-only
     rows; on, top-k / top-p rows. Rows of the other kind give (-3, 0, ...).
     Returns (token, match, x_max, mass): token is -1 for a row with no finite logit,
-    -2 where it was not needed (NEED_TOKEN off, temperature-only row, no match):
-    `search_row` with (x_max, mass) finds it later.
+    -2 for a temperature-only row whose draft does not match: `search_row` with
+    (x_max, mass) finds it later, only where it is needed.
     """
     sampling = temperature > 0  # NaN compares false: greedy
     use_k = (top_k > 0) & (top_k < vocab)
@@ -316,8 +367,6 @@ def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf
                 t = u.to(tl.float64) * mass
                 match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
                 token = tl.where(match, d.to(tl.int64), -2)
-                if NEED_TOKEN:
-                    token = search_row(row_ptr, vocab, x_max, temperature, t, -1, 0, -1, 0, -1, BLOCK)
     return token, match, x_max, mass
 
 

@@ -64,7 +64,7 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             position = tl.load(start_position_ptr + owner) + j + 1
         token, match, x_max, mass = decide(
             logits_ptr + row * stride, vocab, temperature, top_k, top_p, seed, position, draft,
-            work, FILTERED, False, BLOCK, CAP, BUF, STAGES)
+            work, FILTERED, BLOCK, CAP, BUF, STAGES)
     if token != -3:  # -3: a row of the other instance
         results = work + BUF  # after the candidate buffer
         tl.store(results, token)
