@@ -1,0 +1,99 @@
+"""Compile every kernel variant the launchers produce for sm_90, without a GPU, and print
+each one's registers, stack and spills (`cuobjdump -res-usage`). Not a test: a check to run
+before spending GPU time (it catches what the interpreter does not: non-constexpr globals,
+type mismatches in branches the test data never takes, register blow-ups).
+
+    python benchmarks/kernel_registers.py [--vocab 151936]
+
+Compiled as a real launch specializes them: pointers 16-byte aligned, and `stride`,
+`vocab`, `chunk` divisible by 16 (true for V = 151936); without those hints the loads do
+not vectorize and the counts mean nothing.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from dflash_et.kernels import sample_rows, verify
+from dflash_et.kernels.launch import launch_config, scratch_width, split_rows
+
+TARGET = GPUTarget("cuda", 90, 32)
+ALIGNED = ("stride", "vocab", "chunk")
+FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
+
+
+def resources(kernel) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    fields = dict(f.split(":", 1) for f in next(x for x in out.splitlines() if "REG" in x).split() if ":" in f)
+    return " ".join(f"{k}:{fields.get(k, '?')}" for k in ("REG", "STACK", "LOCAL"))
+
+
+def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
+    names = fn.arg_names
+    signature, consts, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            consts[(i,)] = constexprs[name]
+        elif name.endswith("_ptr"):
+            float_param = name in FLOAT_PARAMS and not greedy  # the greedy op passes int64 stand-ins
+            signature[name] = logits if name == "logits_ptr" else "*fp32" if float_param else "*i64"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "i64" if name == "stride" else "i32"
+            if name in ALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    try:
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                                target=TARGET, options={"num_warps": warps})
+    except Exception as e:  # report every failing variant, then fail
+        print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}")
+        return False
+    print(f"{label:48s} {resources(kernel)}")
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=151936)
+    args = parser.parse_args(argv)
+    ok = True
+    for logits, itemsize in (("*bf16", 2), ("*fp16", 2), ("*fp32", 4)):
+        light, heavy = launch_config(args.vocab, itemsize=itemsize)
+        work = scratch_width(heavy.buf)
+        for greedy in (False, True):
+            for cfg, filtered in ((light, False), (heavy, True)):
+                if greedy and filtered:
+                    continue
+                ok &= compile_one(
+                    f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
+                    dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
+                         STAGES=cfg.stages, BLOCK_O=verify.BLOCK_O), cfg.warps, greedy)
+            ok &= compile_one(
+                f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
+                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, BLOCK_O=verify.BLOCK_O,
+                     BLOCK_J=verify.BLOCK_J), light.warps, greedy)
+        _, splits = split_rows(64, args.vocab, light.block)
+        ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
+                          dict(SPLITS=splits, BLOCK=light.block, STAGES=light.stages), light.warps)
+        for cfg, filtered in ((light, False), (heavy, True)):
+            ok &= compile_one(
+                f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
+                dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, STAGES=cfg.stages,
+                     SPLITS=splits), cfg.warps)
+    print("all kernels compile" if ok else "some kernels failed to compile")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
