@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
                 dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, BLOCK_O=verify.BLOCK_O,
                      BLOCK_J=verify.BLOCK_J), light.warps, greedy)
-        _, splits = split_rows(64, args.vocab, light.block)
+        _, splits = split_rows(args.vocab, light.block)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, STAGES=light.stages), light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):

@@ -52,16 +52,16 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     return light, heavy
 
 
-TARGET_PROGRAMS = 1024  # chunk programs to aim for: enough to fill 132 SMs several times
-MAX_SPLITS = 16
+SPLITS = 16  # chunks per row of the split light pass (at most)
 
 
-def split_rows(rows: int, vocab: int, block: int) -> tuple[int, int]:
-    """(chunk, splits): each row read by `splits` programs of `chunk` logits (a multiple of
-    `block`); `splits` is a power of two >= the chunks needed, the unused ones idle. Few rows
-    get many chunks, many rows one."""
-    want = max(1, min(MAX_SPLITS, -(-TARGET_PROGRAMS // max(rows, 1))))
-    chunk = -(-vocab // want)
+def split_rows(vocab: int, block: int) -> tuple[int, int]:
+    """(chunk, splits): each light row is read by `splits` programs of `chunk` logits (a
+    multiple of `block`, so at least one step each); `splits` is a power of two >= the chunks
+    needed, the unused ones idle. A function of V only, never of the row count: that is a
+    dynamic dim when the op is traced (torch.export / AOTInductor), and a launch shape
+    derived from it would force a guard on it. 16 chunks give 64 rows ~1000 programs."""
+    chunk = -(-vocab // SPLITS)
     chunk = -(-chunk // block) * block
     return chunk, triton.next_power_of_2(-(-vocab // chunk))
 

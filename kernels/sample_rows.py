@@ -2,10 +2,10 @@
 
 Algorithm, three launches (no host synchronisation):
 
-1. `chunk_kernel`, SPLITS programs per row: each reads one chunk of a greedy or
-   temperature-only row (`scan_lanes`) and stores its max, argmax, finite count
-   and mass. A few rows (sample_rows often has only one per owner) still fill
-   the GPU this way.
+1. `chunk_kernel`, up to 16 programs per row (`launch.split_rows`): each reads one
+   chunk of a greedy or temperature-only row (`scan_lanes`) and stores its max,
+   argmax, finite count and mass. A few rows (sample_rows often has only one per
+   owner) still fill the GPU this way.
 2. `sample_rows_kernel`, light instance, one program per row: combines the chunks;
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
@@ -69,7 +69,7 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     light, heavy = launch_config(vocab, cap, block, logits.element_size())
-    chunk, splits = split_rows(n, vocab, light.block)
+    chunk, splits = split_rows(vocab, light.block)
     work = torch.empty(n, heavy.buf, dtype=torch.int64, device=logits.device)
     parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
     if n > 0:
