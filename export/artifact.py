@@ -122,10 +122,10 @@ def verify_files(directory: Path, manifest: dict) -> None:
 
 class Interrupts:
     """Ctrl-C that cannot get lost. Python turns SIGINT into a KeyboardInterrupt wherever
-    the export happens to be, and library code that catches every exception can swallow it
-    (seen in CI: an export interrupted while lowering ran to its end and exited 0). While `catching()`,
-    a SIGINT is also remembered, and the start of every progress stage raises it again
-    (so the artifact is never written after a Ctrl-C)."""
+    the export happens to be, and library code that catches every exception can swallow
+    it (seen in CI: an export interrupted while lowering ran to its end and exited 0).
+    While `catching()`, a SIGINT is also remembered, and the start of every progress
+    stage raises it again (so the artifact is never written after a Ctrl-C)."""
 
     seen = False
 

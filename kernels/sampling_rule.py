@@ -3,13 +3,16 @@
 Reference: `export/sampling.py`. Token ids are identical except SPEC.md's legal
 differences (float32 `exp` ulps, float64 summation order).
 
-One row, one program, one streaming pass over the row from HBM (`scan_row`,
-software-pipelined): max, argmax, finite count, and for sampling rows the mass S
-and the prefix mass below the draft, with an online max (each weight is at most
-a few float32 ulps from SPEC.md's, far inside its 1e-6 band). That decides greedy
-rows and temperature-only rows: "is y == draft?" needs only S, the mass below the
-draft and e_draft (one uniform, no search). The token search (`search_row`, one
-more pass, early exit) runs only where a token is needed.
+One streaming pass over the row from HBM, software-pipelined: max, argmax,
+finite count, and for sampling rows the mass S and the prefix mass below the
+draft, with an online max (each weight is at most a few float32 ulps from
+SPEC.md's, far inside its 1e-6 band). Greedy and temperature-only rows use
+`scan_lanes` (per-lane accumulators; over a whole row, or over one chunk of a row
+split across programs, combined by `light_token_from_chunks`); top-k / top-p rows
+use `scan_row`. That decides greedy rows and temperature-only rows: "is y ==
+draft?" needs only S, the mass below the draft and e_draft (one uniform, no
+search). The token search (`search_row`, one more pass over the row or one
+chunk, early exit) runs only where a token is needed.
 
 top-k / top-p rows (the *filtered* kernels) never sort the row. In the same
 pass a streaming threshold filter keeps every token that can still be among the
@@ -65,9 +68,9 @@ def _shrink(buf_ptr, count, want, BUF: tl.constexpr):
 
 @triton.jit
 def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
-             COLLECT: tl.constexpr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-    """The HBM pass: (max, argmax, finite count, mass S, mass below draft, buffered
-    candidates). With COLLECT, the `want` best tokens end up in buf_ptr."""
+             BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+    """The HBM pass of top-k / top-p rows: (max, argmax, finite count, mass S, mass below
+    draft, buffered candidates); the `want` best tokens end up in buf_ptr."""
     x_max = tl.full((), float("-inf"), tl.float32)
     arg = tl.zeros((), dtype=tl.int32) + vocab
     finite = tl.zeros((), dtype=tl.int32)
@@ -90,19 +93,18 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
             mass = mass * rescale.to(tl.float64) + tl.sum(e, 0)
             below = below * rescale.to(tl.float64) + tl.sum(tl.where(offs < draft, e, 0.0), 0)
         x_max = new_max
-        if COLLECT:
-            u = unsigned_key(x)
-            take = fin & ((u > theta) | ((u == theta) & ~strict))
-            n_take = tl.sum(take.to(tl.int64), 0)
-            if n_take > 0:
-                if count + n_take > BUF:
-                    count, theta = _shrink(buf_ptr, count, want, BUF)
-                    strict = tl.full((), 1, tl.int1)
-                    take = fin & (u > theta)
-                    n_take = tl.sum(take.to(tl.int64), 0)
-                pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
-                tl.store(buf_ptr + pos, _pack(x, offs), mask=take)
-                count += n_take
+        u = unsigned_key(x)
+        take = fin & ((u > theta) | ((u == theta) & ~strict))
+        n_take = tl.sum(take.to(tl.int64), 0)
+        if n_take > 0:
+            if count + n_take > BUF:
+                count, theta = _shrink(buf_ptr, count, want, BUF)
+                strict = tl.full((), 1, tl.int1)
+                take = fin & (u > theta)
+                n_take = tl.sum(take.to(tl.int64), 0)
+            pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
+            tl.store(buf_ptr + pos, _pack(x, offs), mask=take)
+            count += n_take
     return x_max, arg, finite, mass, below, count
 
 
@@ -112,9 +114,9 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     """The HBM pass of greedy and temperature-only rows, with per-lane accumulators:
     (max, argmax, finite count, mass S, mass below draft), like `scan_row` without
     candidates. Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous]
-    (VEC: 16 bytes of logits, one vector load per lane) and folds them into each lane's own online max and sums (a reduction inside the
-    thread): no block-wide reduction, so no barrier, until the lanes are combined once
-    after the loop. Each weight is still exp((x - m) / T) times exp((m - max) / T)
+    (VEC: 16 bytes of logits, one vector load per lane) and folds them into each lane's
+    own online max and sums (a reduction inside the thread): no block-wide reduction,
+    so no barrier, until the lanes are combined once after the loop. Each weight is still exp((x - m) / T) times exp((m - max) / T)
     rescales, a few float32 ulps from SPEC.md's, as in `scan_row`. With `lo`, the
     logits [lo, vocab) only (one chunk of a split row: `vocab` is then the chunk's end)."""
     VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
@@ -346,7 +348,7 @@ def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf
     if filtered == FILTERED:
         if FILTERED:
             x_max, arg, finite, mass, below, count = scan_row(
-                row_ptr, vocab, temperature, d, sampling, want, buf_ptr, True, BLOCK, BUF, STAGES)
+                row_ptr, vocab, temperature, d, sampling, want, buf_ptr, BLOCK, BUF, STAGES)
         else:
             x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK,
                                                          STAGES)

@@ -39,7 +39,7 @@ DRAFTERS = {
         block_size=4, target_layer_ids=(1, 2), mask_token_id=255, rms_norm_eps=1e-6,
         rope=layers.Rope(theta=10_000.0), vocab_size=256, num_target_layers=4,
     ),
-    # z-lab's Qwen3 DFlash drafters' shape (block 16), one layer, tapping the smoke target.
+    # A DFlash drafter of the smoke target's width: block 16, one layer, tapping layers 1 and 2.
     "qwen3-smoke-dflash": DrafterConfig(
         hidden_size=2048, intermediate_size=6144, num_layers=1, num_heads=16, num_kv_heads=8, head_dim=128,
         block_size=16, target_layer_ids=(1, 2), mask_token_id=151669, rms_norm_eps=1e-6,
