@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             from .export import exporter
 
-            with artifact.Interrupts.catching():
-                exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force)
+            exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force)
             return 0
         if args.command == "check":
             from .export import check

@@ -120,42 +120,6 @@ def verify_files(directory: Path, manifest: dict) -> None:
             raise ArtifactError(f"{path} does not match its manifest (changed after export); re-export")
 
 
-class Interrupts:
-    """Ctrl-C that cannot get lost. Python turns SIGINT into a KeyboardInterrupt wherever
-    the export happens to be, and library code that catches every exception can swallow
-    it (seen in CI: an export interrupted while lowering ran to its end and exited 0).
-    While `catching()`, a SIGINT is also remembered, and the start of every progress
-    stage raises it again (so the artifact is never written after a Ctrl-C)."""
-
-    seen = False
-
-    @classmethod
-    def _handler(cls, signum, frame):
-        cls.seen = True
-        raise KeyboardInterrupt
-
-    @classmethod
-    @contextmanager
-    def catching(cls):
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        cls.seen = False
-        previous = signal.signal(signal.SIGINT, cls._handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    @classmethod
-    def check(cls) -> None:
-        if cls.seen:
-            raise KeyboardInterrupt
-
-
 class Progress:
     """Stage-by-stage progress with timings, on stderr."""
 
@@ -169,7 +133,6 @@ class Progress:
 
     @contextmanager
     def stage(self, name: str):
-        Interrupts.check()  # a Ctrl-C that an earlier stage's libraries swallowed: stop before this one
         self.done += 1
         self.say(f"[{self.done}/{self.total}] {name} ...")
         t0 = time.perf_counter()

