@@ -114,7 +114,14 @@ class Program:
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(Path(directory) / artifact.PTE)
-        return cls(spec, lambda name, args: list(program.load_method(name).execute(args)))
+        loaded = {}  # each method loaded once (the KV caches live in the program's shared arena)
+
+        def call(name, args):
+            if name not in loaded:
+                loaded[name] = program.load_method(name)
+            return list(loaded[name].execute(args))
+
+        return cls(spec, call)
 
     @classmethod
     def eager(cls, spec: methods.ProgramSpec) -> "Program":
