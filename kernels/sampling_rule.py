@@ -154,10 +154,16 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
 
 
 @triton.jit
+def _filters(top_k, top_p, vocab):
+    """(top-k on, top-p on) for a sampling row (SPEC.md: NaN top_p is off)."""
+    return (top_k > 0) & (top_k < vocab), top_p < 1.0
+
+
+@triton.jit
 def is_light(temperature, top_k, top_p, vocab):
-    """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy, NaN top_p off)."""
-    sampling = temperature > 0
-    return ~(sampling & (((top_k > 0) & (top_k < vocab)) | (top_p < 1.0)))
+    """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy)."""
+    use_k, use_p = _filters(top_k, top_p, vocab)
+    return ~((temperature > 0) & (use_k | use_p))
 
 
 @triton.jit
@@ -335,9 +341,8 @@ def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf
     (x_max, mass) finds it later, only where it is needed.
     """
     sampling = temperature > 0  # NaN compares false: greedy
-    use_k = (top_k > 0) & (top_k < vocab)
-    use_p = top_p < 1.0  # NaN compares false: disabled
-    filtered = sampling & (use_k | use_p)
+    use_k, use_p = _filters(top_k, top_p, vocab)
+    filtered = ~is_light(temperature, top_k, top_p, vocab)
     d = tl.where((draft >= 0) & (draft < vocab), draft, -1)
     token = tl.zeros((), dtype=tl.int64) - 3
     match = tl.zeros((), dtype=tl.int1)
@@ -352,7 +357,6 @@ def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf
         else:
             x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK,
                                                          STAGES)
-            count = tl.zeros((), dtype=tl.int64)
         u = uniform(seed, position)
         token = tl.where(finite > 0, arg.to(tl.int64), -1)
         match = (token == d) & (d >= 0)
