@@ -21,7 +21,7 @@ from torch import nn
 from . import heads, methods, models, sampling
 from .config import ExportConfig
 from .methods import MethodSpec, ProgramSpec, TensorSpec
-from .models import dflash, packing
+from .models import dflash, llama, packing
 
 F32, I64 = torch.float32, torch.int64
 
@@ -205,8 +205,7 @@ class DraftForward(nn.Module):
         )
         block = torch.cat([torch.clamp(pending, 0, self.vocab_size - 1).unsqueeze(1), masks], dim=1)
         states = d.block(self.embed_tokens(block), start_position, slots)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return dflash.draft_tokens(states, weight)
+        return dflash.draft_tokens(states, llama.output_weight(self.embed_tokens, self.lm_head))
 
 
 def build(cfg: ExportConfig) -> ProgramSpec:

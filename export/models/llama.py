@@ -103,6 +103,11 @@ class Backbone(nn.Module):
         self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def output_weight(embed_tokens: nn.Embedding, lm_head: nn.Linear | None) -> torch.Tensor:  # [V, hidden]
+    """The lm_head's weight, or the embedding's when they are tied (lm_head None)."""
+    return embed_tokens.weight if lm_head is None else lm_head.weight
+
+
 class Target(nn.Module):
     """The target LLM with `slots` KV slots of `max_seq_len` positions (+ one scratch slot)."""
 
@@ -118,7 +123,7 @@ class Target(nn.Module):
 
     @property
     def output_weight(self) -> torch.Tensor:  # [V, hidden]
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return output_weight(self.model.embed_tokens, self.lm_head)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
         return F.linear(self.model.norm(h), self.output_weight)
