@@ -9,11 +9,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .filtered import RESULTS, STATS
+
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
-WORK_SLOTS = 4  # per row: token, match, x_max bits, mass bits (after the candidate buffer)
+WORK_SLOTS = RESULTS.value + STATS  # per scratch row after the candidates (filtered.py)
 
 INT64 = torch.int64
 F32 = torch.float32

@@ -24,41 +24,50 @@ from torch.library import triton_op, wrap_triton
 
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
-from .launch import check_inputs, check_length, launch_config, split_rows
-from .sampling_rule import decide, is_light, light_token_from_chunks, scan_lanes, store_chunk
+from .filtered import filtered_pass, filtered_token, stats_of
+from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
+from .sampling_rule import is_light, light_token_from_chunks, scan_lanes, store_chunk
 
 
 @triton.jit
-def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part_ptr, vocab, chunk,
-                 SPLITS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part_ptr, work_ptr, vocab, chunk,
+                 SPLITS: tl.constexpr, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                 STAGES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
-    if is_light(temperature, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), vocab):
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    row_ptr = logits_ptr + row * stride
+    if is_light(temperature, top_k, top_p, vocab):
         lo = c * chunk  # past the row for unused chunks: they store max -inf, nothing else
-        x_max, arg, finite, mass, _ = scan_lanes(logits_ptr + row * stride, tl.minimum(lo + chunk, vocab),
-                                                 temperature, -1, temperature > 0, BLOCK, STAGES, lo)
+        x_max, arg, finite, mass, _ = scan_lanes(row_ptr, tl.minimum(lo + chunk, vocab), temperature, -1,
+                                                 temperature > 0, BLOCK, STAGES, lo)
         store_chunk(part_ptr + (row * SPLITS + c) * 4, x_max, arg, finite, mass)
+    elif c == 0:  # a filtered row: one program reads it whole
+        work = work_ptr + row * WORK
+        filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES, BUF)
 
 
 @triton.jit
 def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                        seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, FILTERED: tl.constexpr,
-                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
+                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                        STAGES: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     row_ptr = logits_ptr + row * stride
+    light = is_light(temperature, top_k, top_p, vocab)
+    u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
     if FILTERED:
-        token, _, _, _ = decide(
-            row_ptr, vocab, temperature, top_k, top_p, tl.load(seed_ptr + row), tl.load(position_ptr + row), -1,
-            work_ptr + row * BUF, True, BLOCK, CAP, BUF, STAGES)
-        if token != -3:  # -3: a light row
+        if not light:
+            work = work_ptr + row * WORK
+            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
+                                   BLOCK, CAP, BUF, STAGES)
             tl.store(out_ptr + row, token)
-    elif is_light(temperature, top_k, top_p, vocab):
-        u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+    elif light:
         token = light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr + row * SPLITS * 4, chunk,
                                         SPLITS, BLOCK)
         tl.store(out_ptr + row, token)
@@ -70,17 +79,18 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     light, heavy = launch_config(vocab, cap, block, logits.element_size())
     chunk, splits = split_rows(vocab, light.block)
-    work = torch.empty(n, heavy.buf, dtype=torch.int64, device=logits.device)
+    width = scratch_width(heavy.buf)
+    work = torch.empty(n, width, dtype=torch.int64, device=logits.device)
     parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
     if n > 0:
         wrap_triton(chunk_kernel)[(n, splits)](
-            logits, logits.stride(0), temperature, top_k, top_p, parts, vocab, chunk, SPLITS=splits,
-            BLOCK=light.block, STAGES=light.stages, num_warps=light.warps)
+            logits, logits.stride(0), temperature, top_k, top_p, parts, work, vocab, chunk, SPLITS=splits,
+            BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages, num_warps=light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             wrap_triton(sample_rows_kernel)[(n,)](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, parts, vocab,
-                chunk, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, STAGES=cfg.stages,
-                SPLITS=splits, num_warps=cfg.warps)
+                chunk, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=width,
+                STAGES=cfg.stages, SPLITS=splits, num_warps=cfg.warps)
     return out
 
 

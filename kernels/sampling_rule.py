@@ -34,7 +34,7 @@ indices. cut = -1 keeps every finite token.
 import triton
 import triton.language as tl
 
-from .common import key_value, ordered_key, sanitize, uniform, unsigned_key, weight
+from .common import FLT_MAX, key_value, ordered_key, sanitize, uniform, unsigned_key, weight
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
@@ -42,13 +42,13 @@ KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
 
 
 @triton.jit
-def _load_row(row_ptr, offs, vocab):
+def load_row(row_ptr, offs, vocab):
     x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
     return x, x > float("-inf")
 
 
 @triton.jit
-def _pack(x, offs):
+def pack(x, offs):
     """(signed key << 32) | ~index: descending order is SPEC.md's order."""
     return (ordered_key(x).to(tl.int64) << 32) | (0xFFFFFFFF - offs.to(tl.int64))
 
@@ -81,7 +81,7 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
     strict = tl.zeros((), dtype=tl.int1)  # after a shrink, ties at theta rank below the buffer
     for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK)
-        x, fin = _load_row(row_ptr, offs, vocab)
+        x, fin = load_row(row_ptr, offs, vocab)
         finite += tl.sum(fin.to(tl.int32), 0)
         block_max = tl.max(x, 0)
         block_arg = tl.min(tl.where(x == block_max, offs, vocab), 0)
@@ -103,46 +103,72 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
                 take = fin & (u > theta)
                 n_take = tl.sum(take.to(tl.int64), 0)
             pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
-            tl.store(buf_ptr + pos, _pack(x, offs), mask=take)
+            tl.store(buf_ptr + pos, pack(x, offs), mask=take)
             count += n_take
     return x_max, arg, finite, mass, below, count
 
 
 @triton.jit
-def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-               lo=0):
-    """The HBM pass of greedy and temperature-only rows, with per-lane accumulators:
-    (max, argmax, finite count, mass S, mass below draft), like `scan_row` without
-    candidates. Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous]
-    (VEC: 16 bytes of logits, one vector load per lane) and folds them into each lane's
-    own online max and sums (a reduction inside the thread): no block-wide reduction,
-    so no barrier, until the lanes are combined once after the loop. Each weight is still exp((x - m) / T) times exp((m - max) / T)
-    rescales, a few float32 ulps from SPEC.md's, as in `scan_row`. With `lo`, the
-    logits [lo, vocab) only (one chunk of a split row: `vocab` is then the chunk's end)."""
+def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+               lo=0, COUNT: tl.constexpr = False):
+    """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
+    first max, finite count, mass, mass below draft), masses at the lane's own max.
+
+    Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous] (VEC: 16 bytes of
+    logits, one vector load per lane) and folds them into each lane's online max and sums
+    (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
+    and few instructions per logit: NaN -> -inf and +inf -> FLT_MAX only (-0 vs +0 does
+    not matter to max, argmax or weights: they compare equal); no argmax per logit (each
+    lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
+    no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
+    only with COUNT (else 0/1: is there a finite logit). A step's VEC weights are summed
+    in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
+    widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
+    rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
+    (one chunk of a split row: `vocab` is then the chunk's end)."""
     VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
-    lane_arg = tl.zeros((LANES,), dtype=tl.int32) + vocab
+    lane_step = tl.zeros((LANES,), dtype=tl.int32) + lo
     lane_finite = tl.zeros((LANES,), dtype=tl.int32)
     lane_mass = tl.zeros((LANES,), dtype=tl.float64)
     lane_below = tl.zeros((LANES,), dtype=tl.float64)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     for start in tl.range(lo, vocab, BLOCK, num_stages=STAGES):
         offs = start + grid
-        x, fin = _load_row(row_ptr, offs, vocab)
-        lane_finite += tl.sum(fin.to(tl.int32), 1)
+        raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        x = tl.where(raw == raw, tl.minimum(raw, FLT_MAX), float("-inf"))
+        if COUNT:
+            lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
         step_max = tl.max(x, 1)
-        step_arg = tl.min(tl.where(x == step_max[:, None], offs, vocab), 1)
+        lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
         new_max = tl.maximum(lane_max, step_max)
-        lane_arg = tl.where(step_max > lane_max, step_arg, lane_arg)  # earlier steps win ties
         if sampling:
-            rescale = tl.where(new_max > float("-inf"), weight(lane_max, new_max, temperature), 1.0)
-            e = tl.where(fin, weight(x, new_max[:, None], temperature), 0.0).to(tl.float64)
-            lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1)
-            lane_below = lane_below * rescale.to(tl.float64) + tl.sum(tl.where(offs < draft, e, 0.0), 1)
+            m = tl.where(new_max > float("-inf"), new_max, 0.0)
+            rescale = weight(lane_max, m, temperature)
+            e = weight(x, m[:, None], temperature)
+            lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1).to(tl.float64)
+            below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
+            lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
         lane_max = new_max
+    if not COUNT:
+        lane_finite = (lane_max > float("-inf")).to(tl.int32)
+    return lane_max, lane_step, lane_finite, lane_mass, lane_below
+
+
+@triton.jit
+def combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below, vocab, temperature,
+                  sampling):
+    """`lane_stats` folded to the row's (max, argmax, finite count, mass S, mass below draft).
+    The argmax (lowest index of the max): the lanes holding the row max reload the step
+    where their max first rose (16 bytes each) and take the lowest index holding it."""
+    VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
+    LANES: tl.constexpr = lane_max.shape[0]
     x_max = tl.max(lane_max, 0)
-    arg = tl.min(tl.where(lane_max == x_max, lane_arg, vocab), 0)  # the lowest index of the max
+    holds = (lane_max == x_max) & (lane_max > float("-inf"))
+    offs = lane_step[:, None] + tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    x, _ = load_row(row_ptr, offs, tl.where(holds[:, None], vocab, 0))
+    arg = tl.min(tl.min(tl.where(x == x_max, offs, vocab), 1), 0)
     finite = tl.sum(lane_finite, 0)
     mass = tl.zeros((), dtype=tl.float64)
     below = tl.zeros((), dtype=tl.float64)
@@ -154,7 +180,18 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _filters(top_k, top_p, vocab):
+def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+               lo=0):
+    """The HBM pass of greedy and temperature-only rows: (max, argmax, finite count, mass S,
+    mass below draft), like `scan_row` without candidates (see `lane_stats`)."""
+    lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
+        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo)
+    return combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below, vocab, temperature,
+                         sampling)
+
+
+@triton.jit
+def filters(top_k, top_p, vocab):
     """(top-k on, top-p on) for a sampling row (SPEC.md: NaN top_p is off)."""
     return (top_k > 0) & (top_k < vocab), top_p < 1.0
 
@@ -162,7 +199,7 @@ def _filters(top_k, top_p, vocab):
 @triton.jit
 def is_light(temperature, top_k, top_p, vocab):
     """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy)."""
-    use_k, use_p = _filters(top_k, top_p, vocab)
+    use_k, use_p = filters(top_k, top_p, vocab)
     return ~((temperature > 0) & (use_k | use_p))
 
 
@@ -199,8 +236,7 @@ def light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr, chunk, SPL
         at = tl.where(hit < SPLITS, hit, tl.max(tl.where(mass > 0, c, 0), 0))
         before = tl.sum(tl.where(c < at, mass, 0.0), 0)
         lo = at * chunk
-        token = search_row(row_ptr, vocab, x_max, temperature, t, -1, 0, -1, 0, -1, BLOCK,
-                           lo, tl.minimum(lo + chunk, vocab), before)
+        token = search_light(row_ptr, x_max, temperature, t, lo, tl.minimum(lo + chunk, vocab), before, BLOCK)
     return token
 
 
@@ -222,31 +258,57 @@ def _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first):
 
 @triton.jit
 def search_row(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
-               BLOCK: tl.constexpr, lo=0, hi=None, prefix0=0.0):
-    """SPEC.md step 7 over the kept set: the smallest v in K whose inclusive index-order
-    prefix exceeds t, else the largest v in K with e_v > 0. [lo, hi) narrows the search
-    to one chunk of the row whose preceding mass is prefix0 (rows without cut rules:
-    the rules' tie counts start at lo)."""
-    if hi is None:
-        hi = vocab
-    prefix = tl.zeros((), dtype=tl.float64) + prefix0
+               BLOCK: tl.constexpr):
+    """SPEC.md step 7 over the kept set of cut rules: the smallest v in K whose inclusive
+    index-order prefix exceeds t, else the largest v in K with e_v > 0."""
+    prefix = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
     last = tl.zeros((), dtype=tl.int64) - 1
     ties_k = tl.zeros((), dtype=tl.int64)
     ties_p = tl.zeros((), dtype=tl.int64)
-    start = tl.zeros((), dtype=tl.int32) + lo
-    while (token < 0) & (start < hi):
+    start = tl.zeros((), dtype=tl.int32)
+    while (token < 0) & (start < vocab):
         offs = start + tl.arange(0, BLOCK)
-        x, fin = _load_row(row_ptr, offs, hi)
+        x, fin = load_row(row_ptr, offs, vocab)
         kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
         e = tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64)
         hit = (prefix + tl.cumsum(e, 0)) > t
-        found = tl.min(tl.where(hit, offs, hi), 0)
-        token = tl.where(found < hi, found.to(tl.int64), token)
+        found = tl.min(tl.where(hit, offs, vocab), 0)
+        token = tl.where(found < vocab, found.to(tl.int64), token)
         last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
         prefix += tl.sum(e, 0)
         start += BLOCK
     return tl.where(token >= 0, token, last)
+
+
+@triton.jit
+def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.constexpr):
+    """SPEC.md step 7 for a temperature-only row (every finite token kept), over [lo, hi)
+    whose preceding mass is prefix0: the smallest v whose inclusive prefix exceeds t, else
+    the largest v with e_v > 0. A step's weights are summed first (float32, widened: one
+    reduction per step); only the step where the prefix crosses t runs the index-order
+    float64 cumsum. The fallback (rounding left no crossing) scans back from hi."""
+    prefix = tl.zeros((), dtype=tl.float64) + prefix0
+    token = tl.zeros((), dtype=tl.int64) - 1
+    start = tl.zeros((), dtype=tl.int32) + lo
+    while (token < 0) & (start < hi):
+        offs = start + tl.arange(0, BLOCK)
+        x, fin = load_row(row_ptr, offs, hi)
+        e = tl.where(fin, weight(x, x_max, temperature), 0.0)
+        step = tl.sum(e, 0).to(tl.float64)
+        if prefix + step > t:
+            found = tl.min(tl.where(prefix + tl.cumsum(e.to(tl.float64), 0) > t, offs, hi), 0)
+            token = tl.where(found < hi, found.to(tl.int64), token)
+        prefix += step
+        start += BLOCK
+    end = tl.zeros((), dtype=tl.int32) + hi
+    while (token < 0) & (end > lo):
+        offs = end - BLOCK + tl.arange(0, BLOCK)
+        x = sanitize(tl.load(row_ptr + offs, mask=(offs >= lo) & (offs < hi), other=float("-inf")))
+        e = tl.where(x > float("-inf"), weight(x, x_max, temperature), 0.0)
+        token = tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64)
+        end -= BLOCK
+    return token
 
 
 @triton.jit
@@ -258,7 +320,7 @@ def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p,
     ties_p = tl.zeros((), dtype=tl.int64)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x, fin = _load_row(row_ptr, offs, vocab)
+        x, fin = load_row(row_ptr, offs, vocab)
         kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
         kept = kept & (unsigned_key(x) > pivot)
         if COUNT:
@@ -329,57 +391,43 @@ def _search_candidates(packed, kept, x_max, temperature, u, BUF: tl.constexpr):
 
 
 @triton.jit
-def decide(row_ptr, vocab, temperature, top_k, top_p, seed, position, draft, buf_ptr,
-           FILTERED: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
-           STAGES: tl.constexpr):
-    """The target's token at `position` for this row, and whether it equals `draft`.
+def valid_draft(draft, vocab):
+    """The draft token, or -1 where there is none (out of range: never matches)."""
+    return tl.where((draft >= 0) & (draft < vocab), draft, -1)
 
-    FILTERED picks which rows this instance decides: off, greedy and temperature-only
-    rows; on, top-k / top-p rows. Rows of the other kind give (-3, 0, ...).
-    Returns (token, match, x_max, mass): token is -1 for a row with no finite logit,
-    -2 for a temperature-only row whose draft does not match: `search_row` with
-    (x_max, mass) finds it later, only where it is needed.
-    """
+
+@triton.jit
+def decide_light(row_ptr, vocab, temperature, seed, position, draft, BLOCK: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """The token of a greedy or temperature-only row at `position`, and whether it equals
+    `draft`: one HBM pass (`scan_lanes`). Returns (token, match, x_max, mass): token is -1
+    for a row with no finite logit, -2 for a temperature-only row whose draft does not
+    match: `search_light` with (x_max, mass) finds it later, only where it is needed.
+    Temperature only: y == d iff below_d <= t < below_d + e_d, with t = u * S."""
     sampling = temperature > 0  # NaN compares false: greedy
-    use_k, use_p = _filters(top_k, top_p, vocab)
-    filtered = ~is_light(temperature, top_k, top_p, vocab)
-    d = tl.where((draft >= 0) & (draft < vocab), draft, -1)
-    token = tl.zeros((), dtype=tl.int64) - 3
-    match = tl.zeros((), dtype=tl.int1)
-    x_max = tl.zeros((), dtype=tl.float32)
-    mass = tl.zeros((), dtype=tl.float64)
-    k = tl.where(use_k, top_k, vocab).to(tl.int64)
-    want = tl.minimum(k, CAP)
-    if filtered == FILTERED:
-        if FILTERED:
-            x_max, arg, finite, mass, below, count = scan_row(
-                row_ptr, vocab, temperature, d, sampling, want, buf_ptr, BLOCK, BUF, STAGES)
-        else:
-            x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK,
-                                                         STAGES)
+    d = valid_draft(draft, vocab)
+    x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES)
+    token = tl.where(finite > 0, arg.to(tl.int64), -1)
+    match = (token == d) & (d >= 0)
+    if sampling & (finite > 0):
         u = uniform(seed, position)
-        token = tl.where(finite > 0, arg.to(tl.int64), -1)
-        match = (token == d) & (d >= 0)
-        if FILTERED:
-            if finite > 0:
-                token = _decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite,
-                                         mass, k, want, count, use_k, use_p, buf_ptr, BLOCK, BUF)
-                match = (token == d) & (d >= 0)
-        else:
-            if sampling & (finite > 0):
-                # Temperature only: y == d iff below_d <= t < below_d + e_d.
-                x_d, _ = _load_row(row_ptr, tl.maximum(d, 0), vocab)
-                e_d = tl.where((d >= 0) & (x_d > float("-inf")), weight(x_d, x_max, temperature), 0.0)
-                t = u.to(tl.float64) * mass
-                match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
-                token = tl.where(match, d.to(tl.int64), -2)
+        x_d, _ = load_row(row_ptr, tl.maximum(d, 0), vocab)
+        e_d = tl.where((d >= 0) & (x_d > float("-inf")), weight(x_d, x_max, temperature), 0.0)
+        t = u.to(tl.float64) * mass
+        match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
+        token = tl.where(match, d.to(tl.int64), -2)
     return token, match, x_max, mass
 
 
 @triton.jit
-def _decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass_all, k, want,
-                     count, use_k, use_p, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
-    # The candidates in SPEC.md's order; the first `n_best` are the row's best tokens.
+def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass_all, k, want,
+                    count, use_k, use_p, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr,
+                    SLOW: tl.constexpr = True):
+    """The token of a top-k / top-p row from its `count` (<= BUF) candidates in buf_ptr,
+    which in SPEC.md's order start with the row's min(count, want) best tokens (a prefix
+    of the order). Resolved there when that prefix holds the whole top-k set, or (top-p
+    alone) when its mass reaches top_p * S: every later token's C(r-1) is then >= the
+    target. Otherwise the bisection slow path over the row (SLOW), or -4 (not decided)."""
     rank = tl.arange(0, BUF)
     tl.debug_barrier()  # the buffer was written by other threads of this program
     packed = tl.sort(tl.load(buf_ptr + rank, mask=rank < count, other=INT64_MIN), descending=True)
@@ -392,14 +440,14 @@ def _decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, 
     total_k = tl.where(whole_k, tl.sum(e, 0), mass_all)  # not whole: top-k is off, S_k = S
     target = top_p.to(tl.float64) * total_k
     kept_p = kept & (((tl.cumsum(e, 0) - e) < target) | (rank == 0))
-    cut_inside = tl.sum((kept & ~kept_p).to(tl.int32), 0) > 0
+    reach = tl.sum(e, 0) >= target
     kept = tl.where(use_p, kept_p, kept)
     # Without the whole top-k set, S_k is known only when top-k is off (S_k = S).
-    resolved = whole_k | (~use_k & use_p & cut_inside)
-    token = tl.zeros((), dtype=tl.int64) - 1
+    resolved = whole_k | (~use_k & use_p & reach)
+    token = tl.zeros((), dtype=tl.int64) - 4
     if resolved:
         token = _search_candidates(packed, kept, x_max, temperature, u, BUF)
-    else:
+    elif SLOW:
         cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k,
                                                    use_k, use_p, BLOCK)
         total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, -1,

@@ -28,7 +28,8 @@ from torch.library import triton_op, wrap_triton
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, launch_config, scratch_width
-from .sampling_rule import decide, search_row
+from .filtered import filtered_pass, filtered_token, stats_of
+from .sampling_rule import decide_light, is_light, search_light, valid_draft
 
 BLOCK_O = 1024  # owners per step of the layout loops
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -42,35 +43,47 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
                        STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     slot = tl.program_id(0).to(tl.int64)
     used, owner, j, row, n = pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O)
-    work = work_ptr + slot * WORK
-    token = tl.zeros((), dtype=tl.int64) - 1  # unused slots: nothing reads them
-    match = tl.zeros((), dtype=tl.int1)
-    x_max = tl.zeros((), dtype=tl.float32)
-    mass = tl.zeros((), dtype=tl.float64)
+    work = work_ptr + slot * WORK  # candidates [0, BUF), results [BUF, BUF + 4), filtered stats
+    results = work + BUF
     if used:
         draft = tl.load(tokens_ptr + tl.minimum(row + 1, num_rows - 1))
         draft = tl.where(j < n - 1, draft, -1)
+        row_ptr = logits_ptr + row * stride
         if GREEDY:
-            temperature = tl.zeros((), dtype=tl.float32)
-            top_k = tl.zeros((), dtype=tl.int64)
-            top_p = tl.zeros((), dtype=tl.float32) + 1.0
-            seed = tl.zeros((), dtype=tl.int64)
-            position = tl.zeros((), dtype=tl.int64)
+            zero = tl.zeros((), dtype=tl.int64)
+            token, match, x_max, mass = decide_light(row_ptr, vocab, zero.to(tl.float32), zero, zero, draft,
+                                                     BLOCK, STAGES)
+            store_results(results, token, match, x_max, mass)
         else:
             temperature = tl.load(temperature_ptr + owner)
             top_k = tl.load(top_k_ptr + owner)
             top_p = tl.load(top_p_ptr + owner)
             seed = tl.load(seed_ptr + owner)
             position = tl.load(start_position_ptr + owner) + j + 1
-        token, match, x_max, mass = decide(
-            logits_ptr + row * stride, vocab, temperature, top_k, top_p, seed, position, draft,
-            work, FILTERED, BLOCK, CAP, BUF, STAGES)
-    if token != -3:  # -3: a row of the other instance
-        results = work + BUF  # after the candidate buffer
-        tl.store(results, token)
-        tl.store(results + 1, match.to(tl.int64))
-        tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-        tl.store(results + 3, mass.to(tl.int64, bitcast=True))
+            light = is_light(temperature, top_k, top_p, vocab)
+            if FILTERED:
+                if not light:
+                    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, uniform(seed, position),
+                                           work, stats_of(work, BUF), BLOCK, CAP, BUF, STAGES)
+                    d = valid_draft(draft, vocab)
+                    zero = tl.zeros((), dtype=tl.float32)
+                    store_results(results, token, (token == d) & (d >= 0), zero, zero)
+            elif light:
+                token, match, x_max, mass = decide_light(row_ptr, vocab, temperature, seed, position, draft,
+                                                         BLOCK, STAGES)
+                store_results(results, token, match, x_max, mass)
+            else:
+                filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES,
+                              BUF)
+
+
+@triton.jit
+def store_results(results, token, match, x_max, mass):
+    """A row's decision for the accept kernel: token (-2: search it there), match, x_max, mass."""
+    tl.store(results, token)
+    tl.store(results + 1, match.to(tl.int64))
+    tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(results + 3, mass.to(tl.float64).to(tl.int64, bitcast=True))
 
 
 @triton.jit
@@ -98,8 +111,8 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
                 x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
                 mass = tl.load(results + 3).to(tl.float64, bitcast=True)
-                token = search_row(logits_ptr + (first_row + miss) * stride, vocab, x_max,
-                                   temperature, u.to(tl.float64) * mass, -1, 0, -1, 0, -1, BLOCK)
+                token = search_light(logits_ptr + (first_row + miss) * stride, x_max, temperature,
+                                     u.to(tl.float64) * mass, 0, vocab, 0.0, BLOCK)
     tl.store(accepted_ptr + owner, accepted)
     tl.store(next_token_ptr + owner, token)
 

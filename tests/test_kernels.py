@@ -136,6 +136,30 @@ def test_candidate_buffer_keeps_exactly_the_best_tokens():
     assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
+def test_filtered_rows_with_and_without_a_lane_bound():
+    """Each way a top-k / top-p row can go (kernels/filtered.py), at the default blocks
+    (V = 1000 float32: 256 lanes): a bound from the lane maxima with few candidates (top-k
+    <= lanes, peaked top-p), with more than 256 tied candidates; no bound (top-k > lanes,
+    flat top-p rows) and more candidates than the buffer holds (ties), both going through
+    the general filter. Peaked rows keep their mass on a few boosted tokens."""
+    g = torch.Generator().manual_seed(21)
+    n, vocab = 16, 1000
+    logits = torch.randn(n, vocab, generator=g)
+    boost = torch.randint(0, vocab, (n, 6), generator=g)
+    logits.scatter_add_(1, boost, 4.0 + 4.0 * torch.rand(n, 6, generator=g))
+    logits[8:10] = torch.randn(2, vocab, generator=g) * 0.05  # flat: no top-p bound
+    logits[10] = 0.3  # all tied: 1000 candidates at the bound
+    top_k = torch.tensor([50, 50, 7, 256, 257, 300, 0, 0, 0, 0, 20, 5, 0, 0, 999, 1])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.8, 0.9, 0.5, 0.9, 0.95, 1.0, 0.6, 0.0, 0.99, 1.0, 1.0])
+    inp = _to({"logits": logits, "position": torch.arange(n) * 13, "temperature": torch.full((n,), 0.9),
+               "top_k": top_k, "top_p": top_p, "seed": torch.arange(n) + 40})
+    assert _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS])) <= 1
+    # More tied candidates than the buffer holds (BUF = 2048 at the default cap).
+    tied = _to({"logits": torch.zeros(2, 3000), "position": torch.tensor([3, 4]), "temperature": torch.ones(2),
+                "top_k": torch.tensor([10, 2999]), "top_p": torch.tensor([1.0, 0.5]), "seed": torch.tensor([1, 2])})
+    assert _check_samples(tied, torch.ops.dflash.sample_rows(*[tied[k] for k in SAMPLE_KEYS])) == 0
+
+
 def test_overlapping_and_invalid_owners():
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(8, 20, generator=g)
