@@ -40,6 +40,10 @@ def resources(kernel) -> str:
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
     names = fn.arg_names
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and not p.has_default]
+    if missing:
+        print(f"FAIL {label}: no value for constexpr {missing}")
+        return False
     signature, consts, attrs = {}, {}, {}
     for i, name in enumerate(names):
         if name in constexprs:
@@ -72,25 +76,27 @@ def main(argv=None) -> int:
         light, heavy = launch_config(args.vocab, itemsize=itemsize)
         work = scratch_width(heavy.buf)
         for greedy in (False, True):
-            for cfg, filtered in ((light, False), (heavy, True)):
-                if greedy and filtered:
-                    continue
-                ok &= compile_one(
-                    f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
-                    dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
-                         STAGES=cfg.stages, BLOCK_O=verify.BLOCK_O), cfg.warps, greedy)
+            ok &= compile_one(
+                f"verify_rows {logits} greedy={greedy}", verify.verify_rows_kernel, logits,
+                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages,
+                     BLOCK_O=verify.BLOCK_O), light.warps, greedy)
             ok &= compile_one(
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
                 dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, BLOCK_O=verify.BLOCK_O,
                      BLOCK_J=verify.BLOCK_J), light.warps, greedy)
+        ok &= compile_one(
+            f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
+            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,
+                 BLOCK_O=verify.BLOCK_O), heavy.warps)
         _, splits = split_rows(args.vocab, light.block)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
-                          dict(SPLITS=splits, BLOCK=light.block, STAGES=light.stages), light.warps)
+                          dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
+                          light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             ok &= compile_one(
                 f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
-                dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, STAGES=cfg.stages,
-                     SPLITS=splits), cfg.warps)
+                dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
+                     STAGES=cfg.stages, SPLITS=splits), cfg.warps)
     print("all kernels compile" if ok else "some kernels failed to compile")
     return 0 if ok else 1
 

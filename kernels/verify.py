@@ -1,15 +1,17 @@
 """`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
 
-Algorithm, two launches (no host synchronisation between them):
+Algorithm, three launches (no host synchronisation between them):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
-   out as in `export/owners.py`): the row's decision by `sampling_rule.decide`,
-   without searching for the token where "y == draft" can be answered without it
-   (temperature-only rows). Writes (token or -2, match, x_max, mass) to scratch.
-   Launched twice: a light instance decides greedy and temperature-only rows, a
-   FILTERED instance (more registers: candidate buffer and sorts) top-k / top-p
-   rows; each skips the other's rows, so light rows keep a high occupancy.
-2. `verify_accept_kernel`, one program per owner: the first unmatched j (the last
+   out as in `export/owners.py`): the HBM pass of every row. Greedy and
+   temperature-only rows are decided there (`sampling_rule.decide_light`), without
+   searching for the token where "y == draft" can be answered without it; top-k /
+   top-p rows store their stats and candidates (`filtered.filtered_pass`).
+   Writes (token or -2, match, x_max, mass) to scratch.
+2. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
+   decision of each top-k / top-p row from its candidates (`filtered.filtered_token`;
+   more registers: sorts in registers), so the pass above keeps a high occupancy.
+3. `verify_accept_kernel`, one program per owner: the first unmatched j (the last
    row never matches: no draft follows it), then y there; only a temperature-only
    row runs its token search here, so at most one search per owner.
 
@@ -36,19 +38,24 @@ BLOCK_J = 64  # pair slots per step of the first-miss loop
 
 
 @triton.jit
-def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
-                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
-                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
-                       STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+def _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners, BLOCK_O: tl.constexpr):
+    """This program's pair slot: (used, owner, j, row pointer, draft: the next row's token, -1 after the last)."""
     slot = tl.program_id(0).to(tl.int64)
     used, owner, j, row, n = pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O)
-    work = work_ptr + slot * WORK  # candidates [0, BUF), results [BUF, BUF + 4), filtered stats
+    draft = tl.load(tokens_ptr + tl.minimum(row + 1, num_rows - 1))
+    return used, owner, j, logits_ptr + row * stride, tl.where(j < n - 1, draft, -1)
+
+
+@triton.jit
+def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
+                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                       BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+    used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
+                                               BLOCK_O)
+    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates [0, BUF), results, stats
     results = work + BUF
     if used:
-        draft = tl.load(tokens_ptr + tl.minimum(row + 1, num_rows - 1))
-        draft = tl.where(j < n - 1, draft, -1)
-        row_ptr = logits_ptr + row * stride
         if GREEDY:
             zero = tl.zeros((), dtype=tl.int64)
             token, match, x_max, mass = decide_light(row_ptr, vocab, zero.to(tl.float32), zero, zero, draft,
@@ -58,23 +65,35 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             temperature = tl.load(temperature_ptr + owner)
             top_k = tl.load(top_k_ptr + owner)
             top_p = tl.load(top_p_ptr + owner)
-            seed = tl.load(seed_ptr + owner)
-            position = tl.load(start_position_ptr + owner) + j + 1
-            light = is_light(temperature, top_k, top_p, vocab)
-            if FILTERED:
-                if not light:
-                    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, uniform(seed, position),
-                                           work, stats_of(work, BUF), BLOCK, CAP, BUF, STAGES)
-                    d = valid_draft(draft, vocab)
-                    zero = tl.zeros((), dtype=tl.float32)
-                    store_results(results, token, (token == d) & (d >= 0), zero, zero)
-            elif light:
-                token, match, x_max, mass = decide_light(row_ptr, vocab, temperature, seed, position, draft,
-                                                         BLOCK, STAGES)
+            if is_light(temperature, top_k, top_p, vocab):
+                position = tl.load(start_position_ptr + owner) + j + 1
+                token, match, x_max, mass = decide_light(row_ptr, vocab, temperature, tl.load(seed_ptr + owner),
+                                                         position, draft, BLOCK, STAGES)
                 store_results(results, token, match, x_max, mass)
             else:
                 filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES,
                               BUF)
+
+
+@triton.jit
+def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
+                           temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                           num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+    used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
+                                               BLOCK_O)
+    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
+    if used:
+        temperature = tl.load(temperature_ptr + owner)
+        top_k = tl.load(top_k_ptr + owner)
+        top_p = tl.load(top_p_ptr + owner)
+        if not is_light(temperature, top_k, top_p, vocab):
+            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
+                                   CAP, BUF, STAGES)
+            d = valid_draft(draft, vocab)
+            zero = tl.zeros((), dtype=tl.float32)
+            store_results(work + BUF, token, (token == d) & (d >= 0), zero, zero)
 
 
 @triton.jit
@@ -131,12 +150,13 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     if num_rows > 0 and num_owners > 0:
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
                 seed, work, num_rows, num_owners, vocab)
-        for cfg, filtered in ((light, False), (heavy, True)):
-            if filtered and greedy:
-                continue
-            wrap_triton(verify_rows_kernel)[(num_rows,)](
-                *args, GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf,
-                WORK=width, STAGES=cfg.stages, BLOCK_O=BLOCK_O, num_warps=cfg.warps)
+        wrap_triton(verify_rows_kernel)[(num_rows,)](
+            *args, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages,
+            BLOCK_O=BLOCK_O, num_warps=light.warps)
+        if not greedy:
+            wrap_triton(verify_filtered_kernel)[(num_rows,)](
+                *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
+                BLOCK_O=BLOCK_O, num_warps=heavy.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf,
