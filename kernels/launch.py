@@ -38,11 +38,15 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     `cap` overrides the filtered instance's, `block` both instances' (tests force buffer
     shrinks, and many online-max steps per row, with them).
 
-    Light rows (greedy, temperature only) stream 8 KB steps with deep pipelining; their
-    per-lane accumulators (`scan_lanes`) hold 2 lanes per thread at 8 warps, 128
-    registers on sm_90 for bf16 / float16 (174 with 4096 float32 steps: hence bytes,
-    not logits, per step). Filtered rows also hold the candidate filter and sorts: smaller
-    blocks keep ptxas under 255 registers without spills on sm_90.
+    The light config reads every row once (greedy and temperature-only rows, and the pass
+    of top-k / top-p rows): 8 KB steps (bytes, not logits: float32 steps of 4096 took 174
+    registers), per-lane accumulators (`lane_stats`: 2 lanes per thread at 8 warps), at
+    most 128 registers on sm_90 (64 greedy), so 2 programs per SM (4 greedy). 3 stages keep
+    2 steps (16 KB) in flight per program: 64 KB per SM greedy, 32 KB otherwise, against the
+    ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (4 stages
+    spill, 5 take 162 registers: one program per SM). The filtered config decides top-k /
+    top-p rows from their candidates (sorts in registers) and runs their general path;
+    smaller blocks keep ptxas under 255 registers without spills on sm_90.
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)
