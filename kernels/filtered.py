@@ -176,7 +176,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
     token = tl.zeros((), dtype=tl.int64) - 1
     if finite > 0:
         token = tl.zeros((), dtype=tl.int64) - 4  # not decided yet
-        if (count >= 0) & (count <= SMALL):
+        if (count >= 0) & (count <= SMALL) & (count <= BUF):  # (BUF < SMALL only with test overrides)
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, SMALL, False, True)
         elif (count >= 0) & (count <= BUF):

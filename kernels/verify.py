@@ -35,6 +35,7 @@ from .sampling_rule import decide_light, is_light, search_light, valid_draft
 
 BLOCK_O = 1024  # owners per step of the layout loops
 BLOCK_J = 64  # pair slots per step of the first-miss loop
+FILTERED_ROW = tl.constexpr(-5)  # token mark of a top-k / top-p row until verify_filtered_kernel decides it
 
 
 @triton.jit
@@ -73,6 +74,7 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             else:
                 filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES,
                               BUF)
+                tl.store(results, FILTERED_ROW)
 
 
 @triton.jit
@@ -80,14 +82,16 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
                            temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                            num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
                            BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
-    used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
-                                               BLOCK_O)
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
-    if used:
+    # Only slots that verify_rows_kernel marked (or a stale mark in an unused slot: `used`
+    # rules those out) walk the owner layout; the others exit at once.
+    if tl.load(work + BUF) == FILTERED_ROW:
+        used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows,
+                                                   num_owners, BLOCK_O)
         temperature = tl.load(temperature_ptr + owner)
         top_k = tl.load(top_k_ptr + owner)
         top_p = tl.load(top_p_ptr + owner)
-        if not is_light(temperature, top_k, top_p, vocab):
+        if used & ~is_light(temperature, top_k, top_p, vocab):
             u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
             token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
                                    CAP, BUF, STAGES)
