@@ -2,8 +2,9 @@
 
 Importing this package registers the ops (it needs triton). One module per head:
 `sample_rows`, `verify` (dflash_verify), `verify_argmax`; shared pieces in
-`common` (Philox uniform, keys, owner layout), `sampling_rule` (the per-row rule)
-and `launch` (block sizes, scratch, input checks).
+`common` (Philox uniform, keys, owner layout), `sampling_rule` (the per-row rule),
+`filtered` (top-k / top-p rows: lane-max bound, candidates, decision) and `launch`
+(block sizes, scratch, input checks).
 """
 
 import torch

@@ -5,13 +5,13 @@ Algorithm, three launches (no host synchronisation):
 1. `chunk_kernel`, up to 16 programs per row (`launch.split_rows`): each reads one
    chunk of a greedy or temperature-only row (`scan_lanes`) and stores its max,
    argmax, finite count and mass. A few rows (sample_rows often has only one per
-   owner) still fill the GPU this way.
+   owner) still fill the GPU this way. The first program of a top-k / top-p row
+   reads it whole: stats and candidates (`filtered.filtered_pass`).
 2. `sample_rows_kernel`, light instance, one program per row: combines the chunks;
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
-3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row:
-   `sampling_rule.decide` (one HBM pass streaming the best tokens into a candidate
-   buffer sorted in registers; see that module).
+3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row: the
+   token from its candidates, sorted in registers (`filtered.filtered_token`).
 
 Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.

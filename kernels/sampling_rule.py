@@ -3,28 +3,29 @@
 Reference: `export/sampling.py`. Token ids are identical except SPEC.md's legal
 differences (float32 `exp` ulps, float64 summation order).
 
-One streaming pass over the row from HBM, software-pipelined: max, argmax,
-finite count, and for sampling rows the mass S and the prefix mass below the
-draft, with an online max (each weight is at most a few float32 ulps from
-SPEC.md's, far inside its 1e-6 band). Greedy and temperature-only rows use
-`scan_lanes` (per-lane accumulators; over a whole row, or over one chunk of a row
-split across programs, combined by `light_token_from_chunks`); top-k / top-p rows
-use `scan_row`. That decides greedy rows and temperature-only rows: "is y ==
-draft?" needs only S, the mass below the draft and e_draft (one uniform, no
-search). The token search (`search_row`, one more pass over the row or one
-chunk, early exit) runs only where a token is needed.
+One streaming pass over the row from HBM (`lane_stats`, software-pipelined, per-lane
+accumulators, no block-wide reduction in the loop): max, argmax, finite count, and
+for sampling rows the mass S and the prefix mass below the draft, with an online max
+(each weight is at most a few float32 ulps from SPEC.md's, far inside its 1e-6
+band). That decides greedy and temperature-only rows (`decide_light`, or per chunk of
+a row split across programs, combined by `light_token_from_chunks`): "is y ==
+draft?" needs only S, the mass below the draft and e_draft (one uniform, no search).
+The token search (`search_light`, one more pass over the row or one chunk, early
+exit) runs only where a token is needed.
 
-top-k / top-p rows (the *filtered* kernels) never sort the row. In the same
-pass a streaming threshold filter keeps every token that can still be among the
-row's `want` best (want = min(top_k, CAP)) in a per-row scratch buffer of BUF
-packed (key, index) entries; when it fills, it is sorted in registers, cut back to
-the `want` best, and the threshold rises to the want-th key (later ties rank
-below it: higher index). After the pass the buffer, sorted in SPEC.md's order
-(logit descending, index ascending), starts with exactly the row's `want` best
-tokens; top-k, top-p and the inverse CDF run on them in registers. Only when the
-kept set reaches past them (top-k > CAP, or a top-p cut beyond the CAP best
-tokens: flat rows) does the row take the slow path: bisections over keys with one
-count or mass pass per step, then a mass pass and a search pass.
+top-k / top-p rows never sort the row: `filtered.py` bounds their kept set from the
+same pass's lane maxima and collects the few candidates above the bound; their
+decision runs on those candidates in registers (`decide_filtered`). The general
+path here serves rows that bound does not settle: `scan_row`, a streaming threshold
+filter keeping every token that can still be among the row's `want` best (want =
+min(top_k, CAP)) in a per-row scratch buffer of BUF packed (key, index) entries;
+when it fills, it is sorted in registers, cut back to the `want` best, and the
+threshold rises to the want-th key (later ties rank below it: higher index). After
+the pass the buffer, sorted in SPEC.md's order (logit descending, index ascending),
+starts with exactly the row's `want` best tokens. Only when the kept set reaches past
+them (top-k > CAP, or a top-p cut beyond the CAP best tokens: flat rows) does the
+row take the slow path: bisections over keys with one count or mass pass per step,
+then a mass pass and a search pass (`search_row`).
 
 A *cut rule* describes a prefix of the order: a token with unsigned key u is in
 it iff u > cut, or u == cut and fewer than `room` tied tokens sit at lower

@@ -1,6 +1,6 @@
 """`dflash::dflash_verify_argmax`: `dflash_verify` with every owner greedy.
 
-Algorithm: the two launches of `verify.py` with GREEDY set: per pair slot one
+Algorithm: the row and accept launches of `verify.py` with GREEDY set: per pair slot one
 streaming argmax over the row (lowest index of the maximum, NaN as -inf, +inf as
 FLT_MAX), then per owner the first unmatched draft. No randomness, no sampling
 inputs.
