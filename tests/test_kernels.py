@@ -138,16 +138,18 @@ def test_candidate_buffer_keeps_exactly_the_best_tokens():
 
 def test_filtered_rows_with_and_without_a_lane_bound():
     """Each way a top-k / top-p row can go (kernels/filtered.py), at the default blocks
-    (V = 1000 float32: 256 lanes): a bound from the lane maxima with few candidates (top-k
-    <= lanes, peaked top-p), with more than 256 tied candidates; no bound (top-k > lanes,
-    flat top-p rows) and more candidates than the buffer holds (ties), both going through
-    the general filter. Peaked rows keep their mass on a few boosted tokens."""
+    (V = 1000 float32: 256 lanes, 250 of them live): a bound from the lane maxima with few
+    candidates (top-k <= live lanes, peaked top-p), with more than 256 (1000 tied); then
+    the general filter for rows with no bound (top-k 256 > live lanes, 257, 300, 999), with
+    candidates whose top-p mass falls short of the target (flat rows: ~800 collected) and
+    with more candidates than the buffer holds (3000 ties). Peaked rows keep their mass on
+    a few boosted tokens."""
     g = torch.Generator().manual_seed(21)
     n, vocab = 16, 1000
     logits = torch.randn(n, vocab, generator=g)
     boost = torch.randint(0, vocab, (n, 6), generator=g)
     logits.scatter_add_(1, boost, 4.0 + 4.0 * torch.rand(n, 6, generator=g))
-    logits[8:10] = torch.randn(2, vocab, generator=g) * 0.05  # flat: no top-p bound
+    logits[8:10] = torch.randn(2, vocab, generator=g) * 0.05  # flat: the top-p candidates fall short
     logits[10] = 0.3  # all tied: 1000 candidates at the bound
     top_k = torch.tensor([50, 50, 7, 256, 257, 300, 0, 0, 0, 0, 20, 5, 0, 0, 999, 1])
     top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.8, 0.9, 0.5, 0.9, 0.95, 1.0, 0.6, 0.0, 0.99, 1.0, 1.0])
