@@ -10,8 +10,8 @@ their torch.compile versions. Prints a markdown table and writes it to --out.
     python benchmarks/bench_verify.py --out benchmarks/RESULTS.md [--quick] [--breakdown]
 
 Fused times are CUDA-graph replays (`graph_ms`: no Python launch overhead, as a runtime
-launches them); the baselines are timed as called from Python (their times, 0.3 ms and
-up, dwarf that overhead). Floor: one read of the logits at the measured device-to-device
+launches them); the baselines are timed as called from Python (0.3 ms and up: the
+overhead is a small part of them). Floor: one read of the logits at the measured device-to-device
 copy bandwidth (bytes read + written over time). Inputs smaller than ~4x the L2 rotate
 among several copies so that the timings measure HBM, not the cache. --breakdown adds
 each fused op's per-kernel times (torch.profiler) at 64 owners, V = 151936.
