@@ -72,14 +72,16 @@ def verify_case(
 
 
 def plant_target_tokens(g, x, tokens, offsets, params, vocab) -> None:
-    """Make a random prefix of some owners' drafts equal the target's own tokens."""
+    """Make a random prefix of some owners' drafts equal the target's own tokens. The
+    choices come from `g` (a CPU generator); the reference runs where `x` lives (the GPU
+    parity suite plants on the GPU: on the CPU the largest case takes minutes)."""
     num_rows = x.shape[0]
     for o in range(offsets.shape[0] - 1):
         a, b = int(offsets[o]), int(offsets[o + 1])
         if not (0 <= a < b <= num_rows) or torch.rand(1, generator=g) < 0.3:
             continue
         keep = int(torch.randint(0, b - a, (1,), generator=g))
-        position = params["start_position"][o] + torch.arange(1, keep + 1)
+        position = params["start_position"][o] + torch.arange(1, keep + 1, device=x.device)
         own = heads.SampleRows()(
             x[a:a + keep], position, params["temperature"][o].expand(keep),
             params["top_k"][o].expand(keep), params["top_p"][o].expand(keep), params["seed"][o].expand(keep),

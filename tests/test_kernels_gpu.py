@@ -23,8 +23,9 @@ MAX_ROWS = 128 if SMALL else 2048
 KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
 
 
-def _packed_case(g, vocab, dtype, max_rows):
-    """Owners of 1..17 rows (some empty, some invalid) filling up to max_rows rows."""
+def _packed_case(g, vocab, dtype, max_rows, device="cuda"):
+    """Owners of 1..17 rows (some empty, some invalid) filling up to max_rows rows, drawn
+    from `g` on the CPU, then moved to `device`, where the drafts are planted."""
     sizes = []
     while sum(sizes) < max_rows - 17:
         sizes.append(int(torch.randint(1, 18, (1,), generator=g)))
@@ -37,10 +38,11 @@ def _packed_case(g, vocab, dtype, max_rows):
     bad = torch.randint(0, owners + 1, (max(1, owners // 20),), generator=g)
     offsets[bad] = torch.randint(-2, rows + 3, (bad.numel(),), generator=g)  # invalid ranges
     params = cases.owner_params(g, owners, vocab)
-    x = cases.logits(g, rows, vocab, dtype)
-    tokens = torch.randint(-2, vocab + 2, (rows,), generator=g)
+    x = cases.logits(g, rows, vocab, dtype).to(device)
+    tokens = torch.randint(-2, vocab + 2, (rows,), generator=g).to(device)
+    params = {k: v.to(device) for k, v in params.items()}
     cases.plant_target_tokens(g, x, tokens, offsets, params, vocab)
-    return {"logits": x, "tokens": tokens, "offsets": offsets, **params}
+    return {"logits": x, "tokens": tokens, "offsets": offsets.to(device), **params}
 
 
 def _judge(inp, got, greedy):
