@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .sampling_rule import (KEY_OFFSET, filters, load_row, combine_lanes, decide_filtered,
-                            lane_stats, scan_row)
+from .sampling_rule import (KEY_OFFSET, candidates, combine_lanes, decide_filtered, filters, lane_stats,
+                            scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -128,9 +128,8 @@ def _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature):
     total = tl.zeros((), dtype=tl.float64)
     for base in range(0, count, SMALL):
         i = base + tl.arange(0, SMALL)
-        index = tl.load(buf_ptr.to(tl.pointer_type(tl.int32)) + i, mask=i < count, other=0)
-        x, _ = load_row(row_ptr, index, vocab)
-        total += tl.sum(tl.where(i < count, weight(x, x_max, temperature), 0.0).to(tl.float64), 0)
+        key = (candidates(row_ptr, vocab, buf_ptr, count, i) >> 32).to(tl.int32)
+        total += tl.sum(tl.where(i < count, weight(key_value(key), x_max, temperature), 0.0).to(tl.float64), 0)
     return total
 
 
@@ -142,7 +141,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     first candidates fall short of the target is collected again at the second, lower bound."""
     use_k, use_p = filters(top_k, top_p, vocab)
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, -1, True, BLOCK, STAGES, 0, True)
+        row_ptr, vocab, temperature, -1, True, BLOCK, STAGES, 0, True, False)
     x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
                                                 vocab, temperature, True)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p)
@@ -183,8 +182,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, BUF, False, True)
         if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
-            _, _, _, _, _, count = scan_row(row_ptr, vocab, temperature, -1, False, want, buf_ptr,
-                                            BLOCK, BUF, STAGES)
+            count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, BUF, True)
     return token

@@ -68,32 +68,16 @@ def _shrink(buf_ptr, count, want, BUF: tl.constexpr):
 
 
 @triton.jit
-def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
-             BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-    """The HBM pass of top-k / top-p rows: (max, argmax, finite count, mass S, mass below
-    draft, buffered candidates); the `want` best tokens end up in buf_ptr."""
-    x_max = tl.full((), float("-inf"), tl.float32)
-    arg = tl.zeros((), dtype=tl.int32) + vocab
-    finite = tl.zeros((), dtype=tl.int32)
-    mass = tl.zeros((), dtype=tl.float64)
-    below = tl.zeros((), dtype=tl.float64)
+def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+    """The general filter of top-k / top-p rows: one HBM pass leaving the row's `want` best
+    tokens (packed) in buf_ptr; returns how many entries it holds. (The row's max, argmax,
+    finite count and mass come from `lane_stats`.)"""
     count = tl.zeros((), dtype=tl.int64)
     theta = tl.zeros((), dtype=tl.int64) - 1  # unsigned key threshold; -1 takes every finite token
     strict = tl.zeros((), dtype=tl.int1)  # after a shrink, ties at theta rank below the buffer
     for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, vocab)
-        finite += tl.sum(fin.to(tl.int32), 0)
-        block_max = tl.max(x, 0)
-        block_arg = tl.min(tl.where(x == block_max, offs, vocab), 0)
-        new_max = tl.maximum(x_max, block_max)
-        arg = tl.where(block_max > x_max, block_arg, arg)  # earlier blocks win ties
-        if sampling:
-            rescale = tl.where(new_max > float("-inf"), weight(x_max, new_max, temperature), 1.0)
-            e = tl.where(fin, weight(x, new_max, temperature), 0.0).to(tl.float64)
-            mass = mass * rescale.to(tl.float64) + tl.sum(e, 0)
-            below = below * rescale.to(tl.float64) + tl.sum(tl.where(offs < draft, e, 0.0), 0)
-        x_max = new_max
         u = unsigned_key(x)
         take = fin & ((u > theta) | ((u == theta) & ~strict))
         n_take = tl.sum(take.to(tl.int64), 0)
@@ -106,12 +90,12 @@ def scan_row(row_ptr, vocab, temperature, draft, sampling, want, buf_ptr,
             pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
             tl.store(buf_ptr + pos, pack(x, offs), mask=take)
             count += n_take
-    return x_max, arg, finite, mass, below, count
+    return count
 
 
 @triton.jit
 def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-               lo=0, COUNT: tl.constexpr = False):
+               lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True):
     """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
     first max, finite count, mass, mass below draft), masses at the lane's own max.
 
@@ -122,7 +106,8 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     not matter to max, argmax or weights: they compare equal); no argmax per logit (each
     lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
     no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
-    only with COUNT (else 0/1: is there a finite logit). A step's VEC weights are summed
+    only with COUNT (else 0/1: is there a finite logit); the mass below draft only with
+    BELOW (top-k / top-p rows have no use for it). A step's VEC weights are summed
     in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
     widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
     rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
@@ -149,8 +134,9 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
             rescale = weight(lane_max, m, temperature)
             e = weight(x, m[:, None], temperature)
             lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1).to(tl.float64)
-            below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
-            lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
+            if BELOW:
+                below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
+                lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
         lane_max = new_max
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
@@ -184,7 +170,7 @@ def combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_bel
 def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
                lo=0):
     """The HBM pass of greedy and temperature-only rows: (max, argmax, finite count, mass S,
-    mass below draft), like `scan_row` without candidates (see `lane_stats`)."""
+    mass below draft) (see `lane_stats`)."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo)
     return combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below, vocab, temperature,
