@@ -1,5 +1,6 @@
 """Compile every kernel variant the launchers produce for sm_90, without a GPU, and print
-each one's registers, stack and spills (`cuobjdump -res-usage`). Not a test: a check to run
+each one's registers, stack and spills (`cuobjdump -res-usage`) and how many asynchronous copy
+instructions its PTX holds (0: no loop was software-pipelined). Not a test: a check to run
 before spending GPU time (it catches what the interpreter does not: non-constexpr globals,
 type mismatches in branches the test data never takes, register blow-ups).
 
@@ -26,6 +27,7 @@ from dflash_et.kernels.launch import launch_config, scratch_width, split_rows
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
+ASM_DIR = None  # --asm
 
 
 def resources(kernel) -> str:
@@ -63,18 +65,31 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
     except Exception as e:  # report every failing variant, then fail
         print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}")
         return False
-    print(f"{label:48s} {resources(kernel)}")
+    ptx = kernel.asm["ptx"]
+    copies = ptx.count("cp.async.ca") + ptx.count("cp.async.cg") + ptx.count("cp.async.bulk")
+    print(f"{label:48s} {resources(kernel)} async-copies:{copies}")
+    if ASM_DIR:
+        name = label.replace(" ", "_").replace("*", "").replace("=", "-")
+        for kind in ("ttgir", "ptx"):
+            with open(os.path.join(ASM_DIR, f"{name}.{kind}"), "w") as f:
+                f.write(kernel.asm[kind])
     return True
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--asm", metavar="DIR", help="also write each variant's TTGIR and PTX there")
     args = parser.parse_args(argv)
+    global ASM_DIR
+    ASM_DIR = args.asm
+    if ASM_DIR:
+        os.makedirs(ASM_DIR, exist_ok=True)
     ok = True
     for logits, itemsize in (("*bf16", 2), ("*fp16", 2), ("*fp32", 4)):
         light, heavy = launch_config(args.vocab, itemsize=itemsize)
         work = scratch_width(heavy.buf)
+        _, splits = split_rows(args.vocab, light.block)
         for greedy in (False, True):
             ok &= compile_one(
                 f"verify_rows {logits} greedy={greedy}", verify.verify_rows_kernel, logits,

@@ -40,18 +40,19 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
 
     The light config reads every row once (greedy and temperature-only rows, and the pass
     of top-k / top-p rows): 8 KB steps (bytes, not logits: float32 steps of 4096 took 174
-    registers), per-lane accumulators (`lane_stats`: 2 lanes per thread at 8 warps), at
-    most 128 registers on sm_90 (64 greedy), so 2 programs per SM (4 greedy). 3 stages keep
-    2 steps (16 KB) in flight per program: 64 KB per SM greedy, 32 KB otherwise, against the
-    ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (4 stages
-    spill, 5 take 162 registers: one program per SM). The filtered config decides top-k /
+    registers), per-lane accumulators (`lane_stats`: 2 lanes per thread at 8 warps), about
+    113 registers on sm_90 (80 greedy), so 2 programs per SM (3 greedy). The whole steps
+    load without a mask, which keeps the pipeline's registers flat in its depth: 5 stages
+    keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above the
+    ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (masked,
+    3 stages took 128 registers and 4 spilled). The filtered config decides top-k /
     top-p rows from their candidates (sorts in registers) and runs their general path;
     smaller blocks keep ptxas under 255 registers without spills on sm_90.
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)
     light_block = min(LIGHT_BYTES // itemsize, pow2) if block is None else max(16, block)
-    light = RowConfig(block=light_block, warps=8 if light_block >= 1024 else 4, stages=3, cap=16, buf=32)
+    light = RowConfig(block=light_block, warps=8 if light_block >= 1024 else 4, stages=5, cap=16, buf=32)
     block = block if block is not None else min(FILTERED_BLOCK, pow2)
     buf = triton.next_power_of_2(cap + block)
     heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)
@@ -73,7 +74,9 @@ def split_rows(vocab: int, block: int) -> tuple[int, int]:
 
 
 def scratch_width(buf: int) -> int:
-    return buf + WORK_SLOTS
+    """int64 words per scratch row: BUF candidates, then RESULTS + STATS words, then 4 per
+    chunk of a split row (`verify.parts_of`)."""
+    return buf + WORK_SLOTS + 4 * SPLITS
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:

@@ -94,6 +94,29 @@ def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constex
 
 
 @triton.jit
+def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr):
+    """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
+    folded into the per-lane accumulators."""
+    raw = raw.to(tl.float32)
+    x = tl.where(raw == raw, tl.minimum(raw, FLT_MAX), float("-inf"))
+    if COUNT:
+        lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
+    step_max = tl.max(x, 1)
+    lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
+    new_max = tl.maximum(lane_max, step_max)
+    if sampling:
+        m = tl.where(new_max > float("-inf"), new_max, 0.0)
+        rescale = weight(lane_max, m, temperature)
+        e = weight(x, m[:, None], temperature)
+        lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1).to(tl.float64)
+        if BELOW:
+            below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
+            lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
+    return new_max, lane_step, lane_finite, lane_mass, lane_below
+
+
+@triton.jit
 def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
                lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True):
     """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
@@ -120,24 +143,18 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     lane_mass = tl.zeros((LANES,), dtype=tl.float64)
     lane_below = tl.zeros((LANES,), dtype=tl.float64)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    for start in tl.range(lo, vocab, BLOCK, num_stages=STAGES):
-        offs = start + grid
-        raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
-        x = tl.where(raw == raw, tl.minimum(raw, FLT_MAX), float("-inf"))
-        if COUNT:
-            lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
-        step_max = tl.max(x, 1)
-        lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
-        new_max = tl.maximum(lane_max, step_max)
-        if sampling:
-            m = tl.where(new_max > float("-inf"), new_max, 0.0)
-            rescale = weight(lane_max, m, temperature)
-            e = weight(x, m[:, None], temperature)
-            lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1).to(tl.float64)
-            if BELOW:
-                below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
-                lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
-        lane_max = new_max
+    full = lo + (vocab - lo) // BLOCK * BLOCK
+    for start in tl.range(lo, full, BLOCK, num_stages=STAGES):  # whole steps: no mask
+        raw = tl.load(row_ptr + start + grid)
+        lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
+            raw, start, start + grid, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+            lane_below, COUNT, BELOW)
+    if full < vocab:  # the last, partial step
+        offs = full + grid
+        raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
+        lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
+            raw, full, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+            lane_below, COUNT, BELOW)
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
     return lane_max, lane_step, lane_finite, lane_mass, lane_below
