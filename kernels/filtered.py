@@ -137,13 +137,15 @@ def _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature):
 def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                   STAGES: tl.constexpr, BUF: tl.constexpr):
     """The HBM work of a filtered row: stats, bound, candidates. Stores (count or -1 without a
-    bound, x_max, arg, finite, mass) at stats_ptr for `filtered_token`. A top-p row whose
+    bound, x_max, arg, finite, mass) at stats_ptr for `filtered_token` (mass 0 for top-k rows:
+    `decide_filtered` never reads it there, and its slow path sums what it needs). A top-p row whose
     first candidates fall short of the target is collected again at the second, lower bound."""
     use_k, use_p = filters(top_k, top_p, vocab)
+    # The mass S only for top-p alone: with top-k, S_k is the top-k set's own (from its candidates).
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, -1, True, BLOCK, STAGES, 0, True, False)
+        row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, True, False)
     x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
-                                                vocab, temperature, True)
+                                                vocab, temperature, ~use_k)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p)
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
