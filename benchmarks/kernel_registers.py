@@ -97,13 +97,16 @@ def main(argv=None) -> int:
                      BLOCK_O=verify.BLOCK_O), light.warps, greedy)
             ok &= compile_one(
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
-                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, BLOCK_O=verify.BLOCK_O,
-                     BLOCK_J=verify.BLOCK_J), light.warps, greedy)
+                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, SPLITS=splits,
+                     BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), light.warps, greedy)
+        ok &= compile_one(
+            f"verify_chunks {logits}", verify.verify_chunks_kernel, logits,
+            dict(BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages, BLOCK_O=verify.BLOCK_O,
+                 BLOCK_J=verify.BLOCK_J), light.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,
                  BLOCK_O=verify.BLOCK_O), heavy.warps)
-        _, splits = split_rows(args.vocab, light.block)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
                           light.warps)

@@ -45,7 +45,7 @@ MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (
 P_RANK = tl.constexpr(63)  # top-p: collect at least down to the 64th largest lane maximum
 LOG2_LANES = tl.constexpr(11)  # bisection steps over lane ranks (lanes <= 2048)
 RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after its candidates
-STATS = 5  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite, mass
+STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite, mass
 
 
 @triton.jit

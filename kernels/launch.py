@@ -15,7 +15,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
-WORK_SLOTS = RESULTS.value + STATS  # per scratch row after the candidates (filtered.py)
+WORK_SLOTS = RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
 
 INT64 = torch.int64
 F32 = torch.float32

@@ -1,6 +1,6 @@
 """`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
 
-Algorithm, three launches (no host synchronisation between them):
+Algorithm, four launches (no host synchronisation between them):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
    out as in `export/owners.py`): the HBM pass of every row. Greedy and
@@ -11,9 +11,13 @@ Algorithm, three launches (no host synchronisation between them):
 2. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row from its candidates (`filtered.filtered_token`;
    more registers: sorts in registers), so the pass above keeps a high occupancy.
-3. `verify_accept_kernel`, one program per owner: the first unmatched j (the last
-   row never matches: no draft follows it), then y there; only a temperature-only
-   row runs its token search here, so at most one search per owner.
+3. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
+   where an owner's first unmatched j (the last row never matches: no draft follows
+   it) is a temperature-only row, that row's chunk stats (`launch.split_rows`: 16
+   chunks at most), so that many programs share the one search per owner.
+4. `verify_accept_kernel`, one program per owner: the first unmatched j, then y
+   there: a temperature-only row searches only the chunk where the prefix mass
+   crosses t (`sampling_rule.light_token_from_chunks`).
 
 Greedy owners take the argmax path inside the same launch. Invalid, empty and
 not-admitted owners give (0, -1) and read nothing.
@@ -29,9 +33,9 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import check_inputs, check_length, launch_config, scratch_width
-from .filtered import filtered_pass, filtered_token, stats_of
-from .sampling_rule import decide_light, is_light, search_light, valid_draft
+from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
+from .filtered import RESULTS, STATS, filtered_pass, filtered_token, stats_of
+from .sampling_rule import decide_light, is_light, light_token_from_chunks, scan_lanes, store_chunk, valid_draft
 
 BLOCK_O = 1024  # owners per step of the layout loops
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -110,32 +114,64 @@ def store_results(results, token, match, x_max, mass):
 
 
 @triton.jit
+def _first_miss(work_ptr, start, n, BUF: tl.constexpr, WORK: tl.constexpr, BLOCK_J: tl.constexpr):
+    """The first unmatched j of an owner with n > 0 rows from slot `start` (the last row never matches)."""
+    miss = n - 1
+    for base in range(0, n, BLOCK_J):
+        j = base + tl.arange(0, BLOCK_J)
+        matched = tl.load(work_ptr + (start + j) * WORK + BUF + 1, mask=j < n, other=1)
+        miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
+    return miss
+
+
+@triton.jit
+def parts_of(work, BUF: tl.constexpr):
+    """A temperature-only row's chunk partials in its scratch row: after the candidates, results and stats."""
+    return work + BUF + RESULTS + STATS
+
+
+@triton.jit
+def verify_chunks_kernel(logits_ptr, stride, offsets_ptr, temperature_ptr, work_ptr, num_rows, num_owners,
+                         vocab, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                         STAGES: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Program (owner, c): where the owner's first unmatched row is a temperature-only row
+    whose token is still to be searched (-2), chunk c of that row's stats (`store_chunk`), so
+    that the accept kernel searches one chunk instead of the whole row."""
+    owner = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    start, n, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
+    if n > 0:
+        miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
+        work = work_ptr + (start + miss) * WORK
+        if tl.load(work + BUF) == -2:
+            lo = c * chunk  # past the row for unused chunks: they store max -inf, nothing else
+            x_max, arg, finite, mass, _ = scan_lanes(logits_ptr + (first_row + miss) * stride,
+                                                     tl.minimum(lo + chunk, vocab), tl.load(temperature_ptr + owner),
+                                                     -1, True, BLOCK, STAGES, lo)
+            store_chunk(parts_of(work, BUF) + c * 4, x_max, arg, finite, mass)
+
+
+@triton.jit
 def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, temperature_ptr,
                          seed_ptr, work_ptr, accepted_ptr, next_token_ptr,
-                         num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
-                         BUF: tl.constexpr, WORK: tl.constexpr, BLOCK_O: tl.constexpr,
+                         num_rows, num_owners, vocab, chunk, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                         BUF: tl.constexpr, WORK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_O: tl.constexpr,
                          BLOCK_J: tl.constexpr):
     owner = tl.program_id(0).to(tl.int64)
     start, n, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
     accepted = tl.zeros((), dtype=tl.int64)
     token = tl.zeros((), dtype=tl.int64) - 1
     if n > 0:
-        miss = n - 1  # the last row never matches
-        for base in range(0, n, BLOCK_J):
-            j = base + tl.arange(0, BLOCK_J)
-            matched = tl.load(work_ptr + (start + j) * WORK + BUF + 1, mask=j < n, other=1)
-            miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
+        miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
         accepted = miss
-        results = work_ptr + (start + miss) * WORK + BUF
-        token = tl.load(results)
+        work = work_ptr + (start + miss) * WORK
+        token = tl.load(work + BUF)
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
-            if token == -2:  # a temperature-only row: search its token now
-                temperature = tl.load(temperature_ptr + owner)
+            if token == -2:  # a temperature-only row: search its token in the chunk that holds it
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
-                x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
-                mass = tl.load(results + 3).to(tl.float64, bitcast=True)
-                token = search_light(logits_ptr + (first_row + miss) * stride, x_max, temperature,
-                                     u.to(tl.float64) * mass, 0, vocab, 0.0, BLOCK)
+                token = light_token_from_chunks(logits_ptr + (first_row + miss) * stride, vocab,
+                                                tl.load(temperature_ptr + owner), u, parts_of(work, BUF), chunk,
+                                                SPLITS, BLOCK)
     tl.store(accepted_ptr + owner, accepted)
     tl.store(next_token_ptr + owner, token)
 
@@ -161,10 +197,16 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
                 BLOCK_O=BLOCK_O, num_warps=heavy.warps)
+        chunk, splits = split_rows(vocab, light.block)
+        if not greedy:
+            wrap_triton(verify_chunks_kernel)[(num_owners, splits)](
+                logits, logits.stride(0), offsets, temperature, work, num_rows, num_owners, vocab, chunk,
+                BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages, BLOCK_O=BLOCK_O,
+                BLOCK_J=BLOCK_J, num_warps=light.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
-            next_token, num_rows, num_owners, vocab, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf,
-            WORK=width, BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=light.warps)
+            next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf,
+            WORK=width, SPLITS=splits, BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=light.warps)
     else:
         accepted.zero_()
         next_token.fill_(-1)
