@@ -24,8 +24,8 @@ threshold rises to the want-th key (later ties rank below it: higher index). Aft
 the pass the buffer, sorted in SPEC.md's order (logit descending, index ascending),
 starts with exactly the row's `want` best tokens. Only when the kept set reaches past
 them (top-k > CAP, or a top-p cut beyond the CAP best tokens: flat rows) does the
-row take the slow path: bisections over keys with one count or mass pass per step,
-then a mass pass and a search pass (`search_row`).
+row take the slow path: searches over keys, PIVOTS keys per count or mass pass
+(`_largest_true_key`), then a mass pass and a search pass (`search_row`).
 
 A *cut rule* describes a prefix of the order: a token with unsigned key u is in
 it iff u > cut, or u == cut and fewer than `room` tied tokens sit at lower
@@ -40,6 +40,7 @@ from .common import FLT_MAX, key_value, ordered_key, sanitize, uniform, unsigned
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
+PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
 
 
 @triton.jit
@@ -316,9 +317,8 @@ def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.cons
 
 
 @triton.jit
-def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, first, pivot,
-               COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """Over the kept set's tokens with key > pivot: their mass, or with COUNT their number."""
+def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, first, BLOCK: tl.constexpr):
+    """The mass of the kept set of the cut rules (ties ranked by index: a cumsum per step)."""
     total = tl.zeros((), dtype=tl.float64)
     ties_k = tl.zeros((), dtype=tl.int64)
     ties_p = tl.zeros((), dtype=tl.int64)
@@ -326,50 +326,82 @@ def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p,
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, vocab)
         kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
-        kept = kept & (unsigned_key(x) > pivot)
-        if COUNT:
-            total += tl.sum(kept.to(tl.float64), 0)
-        else:
-            total += tl.sum(tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64), 0)
+        total += tl.sum(tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64), 0)
     return total
 
 
 @triton.jit
-def _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, room_k, target, COUNT: tl.constexpr,
+def _totals_above(row_ptr, vocab, x_max, temperature, pivots, COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """For each of the [P] unsigned-key pivots: the mass (COUNT: the number) of the finite
+    tokens with key > pivot. Per-thread [P, BLOCK] float64 accumulators, reduced once after
+    the (software-pipelined) pass: no block-wide step in the loop."""
+    P: tl.constexpr = pivots.shape[0]
+    acc = tl.zeros((P, BLOCK), dtype=tl.float64)
+    for start in tl.range(0, vocab, BLOCK, num_stages=2):
+        offs = start + tl.arange(0, BLOCK)
+        x, fin = load_row(row_ptr, offs, vocab)
+        above = fin[None, :] & (unsigned_key(x)[None, :] > pivots[:, None])
+        if COUNT:
+            acc += above.to(tl.float64)
+        else:
+            acc += tl.where(above, weight(x, x_max, temperature).to(tl.float64)[None, :], 0.0)
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _total_above(row_ptr, vocab, x_max, temperature, pivot, COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """`_totals_above` of one pivot."""
+    return tl.sum(_totals_above(row_ptr, vocab, x_max, temperature, tl.zeros((1,), dtype=tl.int64) + pivot,
+                                COUNT, BLOCK), 0)
+
+
+@triton.jit
+def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, target, COUNT: tl.constexpr,
                       BLOCK: tl.constexpr):
-    """Bisection over keys: the largest key c in [-1, 2^32) whose total above c - 1
-    (COUNT: tokens; else mass, of rule k) reaches `target`: one pass per step."""
-    lo = tl.zeros((), dtype=tl.int64) - 1
+    """The largest key c in [lo, 2^32) whose total over keys >= c (COUNT: tokens, else mass)
+    reaches `target`, given that lo's does: a search over PIVOTS keys per pass (the totals
+    fall as c rises, so the pivots that reach it are a prefix)."""
     hi = tl.zeros((), dtype=tl.int64) + 0xFFFFFFFF
+    i = tl.arange(0, PIVOTS).to(tl.int64) + 1
     while hi > lo:
-        mid = (lo + hi + 1) // 2
-        reach = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, -1, 0, -1, mid - 1,
-                           COUNT, BLOCK) >= target
-        lo = tl.where(reach, mid, lo)
-        hi = tl.where(reach, hi, mid - 1)
+        pivots = lo + ((hi - lo) * i + PIVOTS) // (PIVOTS + 1)  # in (lo, hi], ascending
+        reach = _totals_above(row_ptr, vocab, x_max, temperature, pivots - 1, COUNT, BLOCK) >= target
+        lo = tl.max(tl.where(reach, pivots, lo), 0)
+        hi = tl.min(tl.where(reach, hi, pivots - 1), 0)
     return lo
 
 
 @triton.jit
+def _key_weight(key, x_max, temperature):
+    """The float64 weight of an unsigned key."""
+    return weight(key_value((key - KEY_OFFSET).to(tl.int32)), x_max, temperature).to(tl.float64)
+
+
+@triton.jit
 def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, BLOCK: tl.constexpr):
-    """Cut rules of top-k and top-p by bisection (the kept set reaches past the candidates)."""
+    """Cut rules of top-k and top-p by a search over keys (the kept set reaches past the
+    candidates). Every pass counts or sums the tokens above a key, with no tie rule: the
+    top-k set's total is the mass above cut_k plus room_k tied weights, and for keys above
+    cut_k (where the top-p cut lies) "kept by top-k and above c" is "above c"."""
     cut_k = tl.zeros((), dtype=tl.int64) - 1
     room_k = tl.zeros((), dtype=tl.int64)
     if use_k:  # the k-th best key: the largest c with count(u >= c) >= k
-        cut_k = _largest_true_key(row_ptr, vocab, x_max, temperature, -1, 0, k.to(tl.float64), True, BLOCK)
-        room_k = k - rule_total(row_ptr, vocab, x_max, temperature, -1, 0, -1, 0, -1, cut_k, True,
-                                BLOCK).to(tl.int64)
+        cut_k = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, k.to(tl.float64), True, BLOCK)
+        room_k = k - _total_above(row_ptr, vocab, x_max, temperature, cut_k, True, BLOCK).to(tl.int64)
     cut_p = tl.zeros((), dtype=tl.int64) - 1
     room_p = tl.zeros((), dtype=tl.int64)
     if use_p:
-        total_k = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, -1, 0, -1, -1, False, BLOCK)
+        total_k = _total_above(row_ptr, vocab, x_max, temperature, cut_k, False, BLOCK)
+        if (room_k > 0) & (cut_k >= 0):  # (cut_k = -1: fewer than k finite tokens, all kept)
+            total_k += room_k.to(tl.float64) * _key_weight(cut_k, x_max, temperature)
         target = top_p.to(tl.float64) * total_k
         # The cut: the smallest key whose kept mass strictly above stays under the target;
-        # the largest c with mass(u > c - 1) >= target is one below it.
-        cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, room_k, target, False, BLOCK)
-        above = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, -1, 0, -1, cut_p, False, BLOCK)
+        # the largest c with mass(u > c - 1) >= target is one below it (at least cut_k: every
+        # key up to cut_k has the whole top-k set above it).
+        cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, target, False, BLOCK)
+        above = _total_above(row_ptr, vocab, x_max, temperature, cut_p, False, BLOCK)
         # Tied tokens at the cut share e_cut: the m-th stays iff above + m * e_cut < target.
-        e_cut = weight(key_value((cut_p - KEY_OFFSET).to(tl.int32)), x_max, temperature).to(tl.float64)
+        e_cut = _key_weight(cut_p, x_max, temperature)
         room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
         room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
         room_p = tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
@@ -467,8 +499,7 @@ def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, m
     elif SLOW:
         cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k,
                                                    use_k, use_p, BLOCK)
-        total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, -1,
-                           False, BLOCK)
+        total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, BLOCK)
         token = search_row(row_ptr, vocab, x_max, temperature, u.to(tl.float64) * total, cut_k, room_k,
                            cut_p, room_p, arg, BLOCK)
     return token
