@@ -14,7 +14,8 @@ launches them); the baselines are timed as called from Python (0.3 ms and up: th
 overhead is a small part of them). Floor: one read of the logits at the measured device-to-device
 copy bandwidth (bytes read + written over time). Inputs smaller than ~4x the L2 rotate
 among several copies so that the timings measure HBM, not the cache. --breakdown adds
-each fused op's per-kernel times (torch.profiler) at 64 owners, V = 151936.
+each fused op's per-kernel times (torch.profiler, over the same rotating inputs) at 64 owners,
+V = 151936. --once MODE only calls the op on that case (a target for ncu / nsys).
 """
 
 import argparse
@@ -149,19 +150,37 @@ def graph_ms(fn, argsets) -> float:
     return do_bench(graph.replay, warmup=25, rep=100, return_mode="median") / len(argsets)
 
 
-def breakdown(fn, args, calls: int = 20) -> list[tuple[str, float]]:
-    """(kernel, us per call) of the fused op's launches, from the CUDA profiler."""
+def breakdown(fn, argsets, rounds: int = 4) -> list[tuple[str, float]]:
+    """(kernel, us per call) of the fused op's launches, from the CUDA profiler, over every
+    rotating input (a rare slow row counts as often as in the timed graph)."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn(*args)
+    for a in argsets:
+        fn(*a)
     torch.cuda.synchronize()
+    calls = rounds * len(argsets)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args)
+        for _ in range(rounds):
+            for a in argsets:
+                fn(*a)
         torch.cuda.synchronize()
     rows = [(e.key, e.self_device_time_total / calls) for e in prof.key_averages()
             if e.self_device_time_total > 0]
     return sorted(rows, key=lambda r: -r[1])
+
+
+def call_once(mode: str, calls: int = 5) -> int:
+    """--once: the headline case of one mode (64 owners x 16 rows, V = 151936, bf16), called
+    a few times and nothing else: a target for ncu / nsys."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    c = make_inputs(g, 64, 151936, torch.bfloat16, mode)
+    for _ in range(calls):
+        if mode == "greedy":
+            torch.ops.dflash.dflash_verify_argmax(*[c[k] for k in KEYS[:3]])
+        else:
+            torch.ops.dflash.dflash_verify(*[c[k] for k in KEYS])
+    torch.cuda.synchronize()
+    return 0
 
 
 def main(argv=None) -> int:
@@ -173,8 +192,12 @@ def main(argv=None) -> int:
                     help="per-kernel CUDA times of the fused heads at 64 owners x 16 rows, V=151936")
     ap.add_argument("--compile-reference", action="store_true",
                     help="also torch.compile the unrolled reference (slow to compile)")
+    ap.add_argument("--once", metavar="MODE", choices=list(MODES),
+                    help="only call the op a few times on the headline case of MODE (for ncu / nsys)")
     args = ap.parse_args(argv)
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
+    if args.once:
+        return call_once(args.once)
 
     lines = []
 
@@ -222,7 +245,7 @@ def main(argv=None) -> int:
             fused = graph_ms(fused_fn, argsets)
             launched = time_ms(rotating(fused_fn, argsets))
             if args.breakdown and owners == 64 and vocab == 151936:
-                parts.append((f"{mode}, {str(dtype).split('.')[-1]}", breakdown(fused_fn, argsets[0])))
+                parts.append((f"{mode}, {str(dtype).split('.')[-1]}", breakdown(fused_fn, argsets)))
             sort_eager = time_ms(rotating(pipe, argsets))
             ref_eager = time_ms(rotating(ref, argsets)) if owners == 64 or args.quick else float("nan")
             sort_comp = ref_comp = float("nan")
@@ -260,7 +283,7 @@ def main(argv=None) -> int:
                         c["seed"].repeat_interleave(16)] for c in copies]
             ms = graph_ms(torch.ops.dflash.sample_rows, argsets)
             if args.breakdown and vocab == 151936:
-                parts.append((f"sample_rows 64 rows, {mode}", breakdown(torch.ops.dflash.sample_rows, argsets[0])))
+                parts.append((f"sample_rows 64 rows, {mode}", breakdown(torch.ops.dflash.sample_rows, argsets)))
             say(f"| sample_rows | 64 | {vocab} | bfloat16 | {mode} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} |")
     for mode in ("+top-p 0.9", "top-k 50 + top-p 0.9"):
         vocab, owners = 151936, 64
