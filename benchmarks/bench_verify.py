@@ -169,11 +169,11 @@ def breakdown(fn, argsets, rounds: int = 4) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def call_once(mode: str, calls: int = 5) -> int:
+def call_once(mode: str, owners: int = 64, flat: bool = False, calls: int = 5) -> int:
     """--once: the headline case of one mode (64 owners x 16 rows, V = 151936, bf16), called
     a few times and nothing else: a target for ncu / nsys."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    c = make_inputs(g, 64, 151936, torch.bfloat16, mode)
+    c = make_inputs(g, owners, 151936, torch.bfloat16, mode, flat=flat)
     for _ in range(calls):
         if mode == "greedy":
             torch.ops.dflash.dflash_verify_argmax(*[c[k] for k in KEYS[:3]])
@@ -194,10 +194,13 @@ def main(argv=None) -> int:
                     help="also torch.compile the unrolled reference (slow to compile)")
     ap.add_argument("--once", metavar="MODE", choices=list(MODES),
                     help="only call the op a few times on the headline case of MODE (for ncu / nsys)")
+    ap.add_argument("--owners", type=int, default=64, help="--once: owners of 16 rows (default 64)")
+    ap.add_argument("--flat", action="store_true", help="--once: flat rows (the top-p slow path)")
+    ap.add_argument("--fused-only", action="store_true", help="time the fused heads only (no baselines)")
     args = ap.parse_args(argv)
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
     if args.once:
-        return call_once(args.once)
+        return call_once(args.once, args.owners, args.flat)
 
     lines = []
 
@@ -246,10 +249,11 @@ def main(argv=None) -> int:
             launched = time_ms(rotating(fused_fn, argsets))
             if args.breakdown and owners == 64 and vocab == 151936:
                 parts.append((f"{mode}, {str(dtype).split('.')[-1]}", breakdown(fused_fn, argsets)))
-            sort_eager = time_ms(rotating(pipe, argsets))
-            ref_eager = time_ms(rotating(ref, argsets)) if owners == 64 or args.quick else float("nan")
+            sort_eager = time_ms(rotating(pipe, argsets)) if not args.fused_only else float("nan")
+            ref_eager = time_ms(rotating(ref, argsets)) if (owners == 64 or args.quick) and not args.fused_only \
+                else float("nan")
             sort_comp = ref_comp = float("nan")
-            if not args.no_compile:
+            if not args.no_compile and not args.fused_only:
                 key = ("sort", greedy, vocab, dtype, rows)
                 if key not in compiled:
                     compiled[key] = torch.compile(pipe, dynamic=False)
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
                     t0 = time.time()
                     ref_comp = time_ms(rotating(compiled[rkey], argsets))
                     print(f"  (reference compile + bench {time.time() - t0:.0f}s)", file=sys.stderr)
-            best = min(v for v in (sort_eager, sort_comp, ref_eager, ref_comp) if not math.isnan(v))
+            best = min((v for v in (sort_eager, sort_comp, ref_eager, ref_comp) if not math.isnan(v)), default=math.nan)
             f = lambda v: "n/a" if math.isnan(v) else f"{v * 1e3:.0f}"
             say(f"| dflash_verify{'_argmax' if greedy else ''} | {owners} x {ROWS_PER_OWNER} | {vocab} | "
                 f"{str(dtype).split('.')[-1]} | {mode} | {fused * 1e3:.1f} | {fused / floor_ms:.2f} | "

@@ -41,6 +41,7 @@ INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
+SLOW_STAGES = tl.constexpr(12)  # the slow path's passes: one program per row, so keep 11 steps (22 KB bf16) in flight
 
 
 @triton.jit
@@ -322,7 +323,7 @@ def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p,
     total = tl.zeros((), dtype=tl.float64)
     ties_k = tl.zeros((), dtype=tl.int64)
     ties_p = tl.zeros((), dtype=tl.int64)
-    for start in range(0, vocab, BLOCK):
+    for start in tl.range(0, vocab, BLOCK, num_stages=SLOW_STAGES):
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, vocab)
         kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
@@ -337,7 +338,7 @@ def _totals_above(row_ptr, vocab, x_max, temperature, pivots, COUNT: tl.constexp
     the (software-pipelined) pass: no block-wide step in the loop."""
     P: tl.constexpr = pivots.shape[0]
     acc = tl.zeros((P, BLOCK), dtype=tl.float64)
-    for start in tl.range(0, vocab, BLOCK, num_stages=2):
+    for start in tl.range(0, vocab, BLOCK, num_stages=SLOW_STAGES):
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, vocab)
         above = fin[None, :] & (unsigned_key(x)[None, :] > pivots[:, None])
