@@ -55,7 +55,7 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     light = RowConfig(block=light_block, warps=8 if light_block >= 1024 else 4, stages=5, cap=16, buf=32)
     block = block if block is not None else min(FILTERED_BLOCK, pow2)
     buf = triton.next_power_of_2(cap + block)
-    heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=6, cap=cap, buf=buf)
+    heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)
     return light, heavy
 
 
