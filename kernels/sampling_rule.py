@@ -97,9 +97,10 @@ def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constex
 
 @triton.jit
 def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr):
+               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr):
     """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
-    folded into the per-lane accumulators."""
+    folded into the per-lane accumulators. The mass below the draft: a step wholly below it
+    adds its whole sums; only the one step that holds the draft masks per logit."""
     raw = raw.to(tl.float32)
     x = tl.where(raw == raw, tl.minimum(raw, FLT_MAX), float("-inf"))
     if COUNT:
@@ -111,9 +112,12 @@ def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_st
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = weight(lane_max, m, temperature)
         e = weight(x, m[:, None], temperature)
-        lane_mass = lane_mass * rescale.to(tl.float64) + tl.sum(e, 1).to(tl.float64)
+        step_sum = tl.sum(e, 1)
+        lane_mass = lane_mass * rescale.to(tl.float64) + step_sum.to(tl.float64)
         if BELOW:
-            below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
+            below = tl.where(start + BLOCK <= draft, step_sum, 0.0)
+            if (start < draft) & (start + BLOCK > draft):  # (uniform over the program)
+                below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
             lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
     return new_max, lane_step, lane_finite, lane_mass, lane_below
 
@@ -150,13 +154,13 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
         raw = tl.load(row_ptr + start + grid)
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
             raw, start, start + grid, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW)
+            lane_below, COUNT, BELOW, BLOCK)
     if full < vocab:  # the last, partial step
         offs = full + grid
         raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
             raw, full, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW)
+            lane_below, COUNT, BELOW, BLOCK)
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
     return lane_max, lane_step, lane_finite, lane_mass, lane_below
@@ -354,6 +358,12 @@ def _total_above(row_ptr, vocab, x_max, temperature, pivot, COUNT: tl.constexpr,
     """`_totals_above` of one pivot."""
     return tl.sum(_totals_above(row_ptr, vocab, x_max, temperature, tl.zeros((1,), dtype=tl.int64) + pivot,
                                 COUNT, BLOCK), 0)
+
+
+@triton.jit
+def count_finite(row_ptr, vocab, BLOCK: tl.constexpr):
+    """The number of finite logits of a row (one pass)."""
+    return _total_above(row_ptr, vocab, 0.0, 1.0, -1, True, BLOCK).to(tl.int64)
 
 
 @triton.jit
