@@ -2,8 +2,9 @@
 
 `filtered_pass` (in the light launch: the same registers and occupancy as the greedy
 and temperature-only rows) reads the row once with per-lane accumulators
-(`sampling_rule.lane_stats`): max, argmax, finite count, mass S, and each lane's
-maximum. The lane maxima bound the kept set from below, with no sort of the row:
+(`sampling_rule.lane_stats`): max, argmax, whether a logit is finite, the mass S
+(top-p alone), and each lane's maximum. The lane maxima bound the kept set from below,
+with no sort of the row:
 
 - top-k (k <= lanes): the k-th largest lane maximum theta. k lanes hold a token with
   key >= theta, so the k-th best key is >= theta and every top-k token has key >= theta.
@@ -22,8 +23,8 @@ maximum. The lane maxima bound the kept set from below, with no sort of the row:
 A second pass appends every finite token with key >= theta to the row's candidate
 buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
 step, and the order of the slots does not matter (the candidates are sorted afterwards).
-It reads only the lanes whose maximum reaches theta (masked loads fetch nothing), from
-the row's end (its most recently read part is still in L2).
+It reads and computes only on the lanes whose maximum reaches theta: their (lane, step)
+pairs, compacted (`collect`).
 
 `filtered_token` (a second launch, one program per filtered row) sorts the candidates in
 registers (256 or BUF of them) and decides there (`sampling_rule.decide_filtered`).
@@ -37,15 +38,15 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .sampling_rule import (KEY_OFFSET, candidates, combine_lanes, decide_filtered, filters, lane_stats,
-                            scan_row)
+from .sampling_rule import (KEY_OFFSET, candidates, combine_lanes, count_finite, decide_filtered, filters,
+                            lane_stats, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(63)  # top-p: collect at least down to the 64th largest lane maximum
 LOG2_LANES = tl.constexpr(11)  # bisection steps over lane ranks (lanes <= 2048)
 RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after its candidates
-STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite, mass
+STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass
 
 
 @triton.jit
@@ -96,25 +97,33 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
 
 
 @triton.jit
-def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr,
-            STAGES: tl.constexpr):
+def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
     """Append the index of every finite token with unsigned key >= theta to buf_ptr (as
     int32); returns their number (more than BUF: only BUF of them stored). Only the
-    lanes whose maximum reaches theta (`lane_stats`' layout) are read: for top-k 50 about
-    a tenth of the row, the rest masked off (no memory traffic)."""
+    lanes whose maximum reaches theta (`lane_stats`' layout: lane l of step s holds the
+    VEC logits from s * BLOCK + l * VEC) can hold one: the work is their (lane, step)
+    pairs, compacted, LANES pairs of VEC logits per iteration (for top-k 50, ~50 hot lanes
+    of 512: ~4 iterations instead of a pass of 37 steps that computes on every lane)."""
     VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
-    tl.atomic_xchg(count_ptr, 0)
-    tl.debug_barrier()  # the counter is zero before any thread appends
+    index_ptr = buf_ptr.to(tl.pointer_type(tl.int32))
+    hot_ptr = index_ptr + BUF  # the hot lanes' list: after the candidates (int32 slots BUF .. 2 * BUF)
+    lane = tl.arange(0, LANES)
     bound = (theta - KEY_OFFSET).to(tl.int32)
     hot = (lane_max > float("-inf")) & (ordered_key(sanitize(lane_max)) >= bound)
-    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    n_hot = tl.sum(hot.to(tl.int32), 0)
+    tl.store(hot_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, lane, mask=hot)
+    tl.atomic_xchg(count_ptr, 0)
+    tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((LANES, VEC), dtype=tl.int32)
-    index_ptr = buf_ptr.to(tl.pointer_type(tl.int32))
-    steps = tl.cdiv(vocab, BLOCK)
-    for i in tl.range(0, steps, num_stages=STAGES):
-        offs = (steps - 1 - i) * BLOCK + grid
-        x = sanitize(tl.load(row_ptr + offs, mask=(offs < vocab) & hot[:, None], other=float("-inf")))
+    pairs = n_hot * tl.cdiv(vocab, BLOCK)
+    per_step = tl.maximum(n_hot, 1)
+    for base in range(0, pairs, LANES):
+        i = base + lane
+        live = i < pairs
+        at = tl.load(hot_ptr + i % per_step, mask=live, other=0)
+        offs = ((i // per_step) * BLOCK + at * VEC)[:, None] + tl.arange(0, VEC)[None, :]
+        x = sanitize(tl.load(row_ptr + offs, mask=live[:, None] & (offs < vocab), other=float("-inf")))
         take = (x > float("-inf")) & (ordered_key(x) >= bound)
         slot = tl.atomic_add(counter, 1, mask=take, sem="relaxed")
         tl.store(index_ptr + slot, offs, mask=take & (slot < BUF))
@@ -142,15 +151,18 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     first candidates fall short of the target is collected again at the second, lower bound."""
     use_k, use_p = filters(top_k, top_p, vocab)
     # The mass S only for top-p alone: with top-k, S_k is the top-k set's own (from its candidates).
+    # No finite count either (3 instructions per logit): `filtered_token` needs it only on the
+    # general path, and counts there. `finite` here is the number of lanes holding a finite
+    # logit: > 0 iff the row has one.
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, True, False)
+        row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, False, False)
     x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
                                                 vocab, temperature, ~use_k)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p)
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
-        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF, STAGES)
+        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
         retry = (second < theta) & (count <= BUF)  # top-p only (an overflow would only grow)
         if retry:
             retry = _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
@@ -175,15 +187,19 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
     k = tl.where(use_k, top_k, vocab).to(tl.int64)
     want = tl.minimum(k, CAP)
     token = tl.zeros((), dtype=tl.int64) - 1
-    if finite > 0:
+    if finite > 0:  # (lanes holding a finite logit: not the count of finite logits)
         token = tl.zeros((), dtype=tl.int64) - 4  # not decided yet
+        # From the candidates, the finite count stands in as V: with top-k and a bound, k lanes
+        # hold a finite logit, so the top-k set has exactly k tokens; for top-p alone it only
+        # makes the candidates count as the whole row when they are all V tokens.
         if (count >= 0) & (count <= SMALL) & (count <= BUF):  # (BUF < SMALL only with test overrides)
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
+            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, SMALL, False, True)
         elif (count >= 0) & (count <= BUF):
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
+            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, BUF, False, True)
         if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
+            finite = count_finite(row_ptr, vocab, BLOCK)
             count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
                                     count, use_k, use_p, buf_ptr, BLOCK, BUF, True)
