@@ -102,16 +102,18 @@ def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_st
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
     adds its whole sums; only the one step that holds the draft masks per logit."""
     raw = raw.to(tl.float32)
-    x = tl.where(raw == raw, tl.minimum(raw, FLT_MAX), float("-inf"))
+    x = tl.where(raw == raw, raw, float("-inf"))
     if COUNT:
         lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
-    step_max = tl.max(x, 1)
+    # +inf counts as FLT_MAX: clamping the step's max is clamping every logit (min commutes
+    # with max), one instruction per logit fewer where no weight is computed (greedy rows).
+    step_max = tl.minimum(tl.max(x, 1), FLT_MAX)
     lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
     new_max = tl.maximum(lane_max, step_max)
     if sampling:
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = weight(lane_max, m, temperature)
-        e = weight(x, m[:, None], temperature)
+        e = weight(tl.minimum(x, FLT_MAX), m[:, None], temperature)
         step_sum = tl.sum(e, 1)
         lane_mass = lane_mass * rescale.to(tl.float64) + step_sum.to(tl.float64)
         if BELOW:
@@ -131,12 +133,15 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous] (VEC: 16 bytes of
     logits, one vector load per lane) and folds them into each lane's online max and sums
     (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
-    and few instructions per logit: NaN -> -inf and +inf -> FLT_MAX only (-0 vs +0 does
-    not matter to max, argmax or weights: they compare equal); no argmax per logit (each
+    and few instructions per logit: NaN -> -inf, and +inf -> FLT_MAX on the step's max (per
+    logit only where a weight is computed) (-0 vs +0 does not matter to max, argmax or
+    weights: they compare equal); no argmax per logit (each
     lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
     no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
     only with COUNT (else 0/1: is there a finite logit); the mass below draft only with
-    BELOW (top-k / top-p rows have no use for it). A step's VEC weights are summed
+    BELOW (top-k / top-p rows have no use for it), masked per logit in the one step that
+    holds the draft. The kernels are bound by the ALU pipe here (ncu on the H200), so
+    instructions per logit set the speed. A step's VEC weights are summed
     in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
     widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
     rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
