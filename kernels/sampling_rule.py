@@ -96,24 +96,39 @@ def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constex
 
 
 @triton.jit
+def _max_nan(a, b):
+    """max that keeps a NaN (the same on the GPU and in the interpreter, unlike tl.maximum's default)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr):
+               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
     """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
-    adds its whole sums; only the one step that holds the draft masks per logit."""
-    raw = raw.to(tl.float32)
-    x = tl.where(raw == raw, raw, float("-inf"))
+    adds its whole sums; only the one step that holds the draft masks per logit.
+
+    FAST: no per-logit NaN / +inf handling. The step's max keeps a NaN, so a NaN logit
+    leaves NaN in its lane's max, and a +inf logit leaves +inf in its lane's mass (every
+    other logit gives exactly what the sanitized step gives): `lane_stats` checks the lanes
+    after the pass. +inf counts as FLT_MAX on the step's max: min commutes with max."""
+    x = raw.to(tl.float32)
+    if FAST:
+        step_max = tl.minimum(tl.reduce(x, 1, _max_nan), FLT_MAX, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        x = tl.where(x == x, x, float("-inf"))
+        step_max = tl.minimum(tl.max(x, 1), FLT_MAX)
     if COUNT:
         lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
-    # +inf counts as FLT_MAX: clamping the step's max is clamping every logit (min commutes
-    # with max), one instruction per logit fewer where no weight is computed (greedy rows).
-    step_max = tl.minimum(tl.max(x, 1), FLT_MAX)
     lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
-    new_max = tl.maximum(lane_max, step_max)
+    new_max = _max_nan(lane_max, step_max)
     if sampling:
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = weight(lane_max, m, temperature)
-        e = weight(tl.minimum(x, FLT_MAX), m[:, None], temperature)
+        if FAST:
+            e = weight(x, m[:, None], temperature)
+        else:
+            e = weight(tl.minimum(x, FLT_MAX), m[:, None], temperature)
         step_sum = tl.sum(e, 1)
         lane_mass = lane_mass * rescale.to(tl.float64) + step_sum.to(tl.float64)
         if BELOW:
@@ -125,27 +140,9 @@ def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_st
 
 
 @triton.jit
-def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-               lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True):
-    """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
-    first max, finite count, mass, mass below draft), masses at the lane's own max.
-
-    Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous] (VEC: 16 bytes of
-    logits, one vector load per lane) and folds them into each lane's online max and sums
-    (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
-    and few instructions per logit: NaN -> -inf, and +inf -> FLT_MAX on the step's max (per
-    logit only where a weight is computed) (-0 vs +0 does not matter to max, argmax or
-    weights: they compare equal); no argmax per logit (each
-    lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
-    no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
-    only with COUNT (else 0/1: is there a finite logit); the mass below draft only with
-    BELOW (top-k / top-p rows have no use for it), masked per logit in the one step that
-    holds the draft. The kernels are bound by the ALU pipe here (ncu on the H200), so
-    instructions per logit set the speed. A step's VEC weights are summed
-    in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
-    widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
-    rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
-    (one chunk of a split row: `vocab` is then the chunk's end)."""
+def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
+               COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr):
+    """`lane_stats`' pass over the row (FAST: see `_fold_step`)."""
     VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
@@ -159,13 +156,44 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
         raw = tl.load(row_ptr + start + grid)
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
             raw, start, start + grid, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW, BLOCK)
+            lane_below, COUNT, BELOW, BLOCK, FAST)
     if full < vocab:  # the last, partial step
         offs = full + grid
         raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
             raw, full, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW, BLOCK)
+            lane_below, COUNT, BELOW, BLOCK, FAST)
+    return lane_max, lane_step, lane_finite, lane_mass, lane_below
+
+
+@triton.jit
+def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+               lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True):
+    """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
+    first max, finite count, mass, mass below draft), masses at the lane's own max.
+
+    Each step loads BLOCK logits as [BLOCK // VEC lanes, VEC contiguous] (VEC: 16 bytes of
+    logits, one vector load per lane) and folds them into each lane's online max and sums
+    (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
+    and few instructions per logit (the kernels are bound by the ALU pipe here: ncu on the
+    H200): no NaN / +inf handling per logit (the pass runs again with it, on the rare
+    row where a lane ends with a NaN max or a non-finite mass: `_fold_step`); -0 vs +0 does
+    not matter to max, argmax or weights (they compare equal); no argmax per logit (each
+    lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
+    no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
+    only with COUNT (else 0/1: is there a finite logit); the mass below draft only with
+    BELOW (top-k / top-p rows have no use for it), masked per logit in the one step that
+    holds the draft. A step's VEC weights are summed
+    in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
+    widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
+    rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
+    (one chunk of a split row: `vocab` is then the chunk's end)."""
+    lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
+        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True)
+    bad = (lane_max != lane_max) | (lane_mass != lane_mass) | (lane_mass == float("inf"))
+    if tl.sum(bad.to(tl.int32), 0) > 0:  # a NaN or +inf logit: the sanitizing pass
+        lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
+            row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, False)
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
     return lane_max, lane_step, lane_finite, lane_mass, lane_below
