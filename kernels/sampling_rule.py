@@ -35,7 +35,8 @@ indices. cut = -1 keeps every finite token.
 import triton
 import triton.language as tl
 
-from .common import FLT_MAX, key_value, ordered_key, sanitize, uniform, unsigned_key, weight
+from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, uniform, unsigned_key, weight,
+                     weight_scale)
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
@@ -102,7 +103,7 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
                lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
     """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
@@ -124,11 +125,11 @@ def _fold_step(raw, start, offs, draft, temperature, sampling, lane_max, lane_st
     new_max = _max_nan(lane_max, step_max)
     if sampling:
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
-        rescale = weight(lane_max, m, temperature)
+        rescale = scaled_weight(lane_max, m, scale)
         if FAST:
-            e = weight(x, m[:, None], temperature)
+            e = scaled_weight(x, m[:, None], scale)
         else:
-            e = weight(tl.minimum(x, FLT_MAX), m[:, None], temperature)
+            e = scaled_weight(tl.minimum(x, FLT_MAX), m[:, None], scale)
         step_sum = tl.sum(e, 1)
         lane_mass = lane_mass * rescale.to(tl.float64) + step_sum.to(tl.float64)
         if BELOW:
@@ -152,16 +153,17 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     lane_below = tl.zeros((LANES,), dtype=tl.float64)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     full = lo + (vocab - lo) // BLOCK * BLOCK
+    scale = weight_scale(temperature)
     for start in tl.range(lo, full, BLOCK, num_stages=STAGES):  # whole steps: no mask
         raw = tl.load(row_ptr + start + grid)
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
-            raw, start, start + grid, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+            raw, start, start + grid, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
             lane_below, COUNT, BELOW, BLOCK, FAST)
     if full < vocab:  # the last, partial step
         offs = full + grid
         raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
-            raw, full, offs, draft, temperature, sampling, lane_max, lane_step, lane_finite, lane_mass,
+            raw, full, offs, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
             lane_below, COUNT, BELOW, BLOCK, FAST)
     return lane_max, lane_step, lane_finite, lane_mass, lane_below
 
