@@ -1,8 +1,8 @@
 """The fused Triton kernels against the reference heads (CPU: TRITON_INTERPRET=1).
 
 Token ids must be identical except SPEC.md's legal differences, which `legal.py`
-detects independently of both implementations. Small candidate caps force the
-radix refinement levels and the slow top-p path on small vocabularies.
+detects independently of both implementations. Small candidate caps force buffer
+shrinks and the slow top-k / top-p path (key searches) on small vocabularies.
 """
 
 import pytest
@@ -106,8 +106,8 @@ def test_verify_argmax_matches_reference():
 
 
 def test_slow_top_p_path_with_flat_and_tied_rows():
-    # Near-equal logits: the top-p cut lies far past 8 candidates, so the bisection path
-    # runs; all-tied rows put every cut inside one tie group (radix level 3, tie rooms).
+    # Near-equal logits: the top-p cut lies far past 8 candidates, so the slow path (key
+    # searches) runs; all-tied rows put every cut inside one tie group (tie rooms).
     # top_p values keep p * S_k away from whole multiples of the tied weights, so no row
     # sits in a legal band and every row is judged exactly.
     g = torch.Generator().manual_seed(9)
