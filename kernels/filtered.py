@@ -31,7 +31,7 @@ registers (256 or BUF of them) and decides there (`sampling_rule.decide_filtered
 Rows with no bound (top-k > lanes), more than BUF candidates (ties, flat top-p rows) or
 a top-p prefix still short of the target take the general path:
 `sampling_rule.scan_row` (streaming filter with buffer shrinks), then the same
-decision, with its bisection slow path where the candidates do not settle it.
+decision, with its slow path (key searches over the row) where the candidates do not settle it.
 """
 
 import triton

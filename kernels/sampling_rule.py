@@ -517,7 +517,7 @@ def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, m
     which in SPEC.md's order start with the row's min(count, want) best tokens (a prefix
     of the order). Resolved there when that prefix holds the whole top-k set, or (top-p
     alone) when its mass reaches top_p * S: every later token's C(r-1) is then >= the
-    target. Otherwise the bisection slow path over the row (SLOW), or -4 (not decided).
+    target. Otherwise the slow path over the row (SLOW: key searches), or -4 (not decided).
     The buffer holds packed entries (`scan_row`), or with INDICES int32 token indices."""
     rank = tl.arange(0, BUF)
     tl.debug_barrier()  # the buffer was written by other threads of this program
