@@ -146,9 +146,10 @@ def _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature):
 def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                   STAGES: tl.constexpr, BUF: tl.constexpr):
     """The HBM work of a filtered row: stats, bound, candidates. Stores (count or -1 without a
-    bound, x_max, arg, finite, mass) at stats_ptr for `filtered_token` (mass 0 for top-k rows:
-    `decide_filtered` never reads it there, and its slow path sums what it needs). A top-p row whose
-    first candidates fall short of the target is collected again at the second, lower bound."""
+    bound, x_max, arg, lanes holding a finite logit, mass) at stats_ptr for `filtered_token`
+    (mass 0 for top-k rows: `decide_filtered` never reads it there, and its slow path sums
+    what it needs). A top-p row whose first candidates fall short of the target is collected
+    again at the second, lower bound."""
     use_k, use_p = filters(top_k, top_p, vocab)
     # The mass S only for top-p alone: with top-k, S_k is the top-k set's own (from its candidates).
     # No finite count either (3 instructions per logit): `filtered_token` needs it only on the

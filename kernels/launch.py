@@ -46,9 +46,10 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above the
     ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (masked,
     3 stages took 128 registers and 4 spilled). Measured (ncu, H200), these passes are
-    bound by the ALU pipe, not by bytes in flight: 3 stages ran as fast as 5 except greedy. The filtered config decides top-k /
-    top-p rows from their candidates (sorts in registers) and runs their general path;
-    smaller blocks keep ptxas under 255 registers without spills on sm_90.
+    bound by the ALU pipe, not by bytes in flight: 3 stages ran as fast as 5 except greedy.
+    The filtered config decides top-k / top-p rows from their candidates (sorts in
+    registers) and runs their general path; smaller blocks keep ptxas under 255 registers
+    without spills on sm_90.
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)
