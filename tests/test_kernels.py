@@ -96,6 +96,32 @@ def test_temperature_rows_over_many_online_max_steps():
     assert accepted >= 5  # planted drafts were accepted: the match test was exercised
 
 
+@pytest.mark.parametrize("block", [None, 16])
+def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
+    """The light pass skips NaN / +inf handling per logit and runs a row again, sanitized,
+    when a lane ends with a NaN max or an infinite mass (kernels/sampling_rule.py). One NaN
+    or +inf logit at a random place of a row (in a whole step or the masked last one), in
+    greedy, temperature, top-k and top-p rows, must give the reference's tokens."""
+    g = torch.Generator().manual_seed(23)
+    vocab = 300
+    for _ in range(3):
+        inp = cases.verify_case(g, vocab, 40, 8, torch.float32)
+        rows = inp["logits"].shape[0]
+        where = torch.randint(0, vocab, (rows,), generator=g)
+        kind = torch.randint(0, 4, (rows,), generator=g)  # 0: as is, 1: NaN, 2: +inf, 3: -inf
+        for r in range(rows):
+            if kind[r] > 0:
+                inp["logits"][r, where[r]] = (float("nan"), float("inf"), float("-inf"))[int(kind[r]) - 1]
+        inp = _to(inp)
+        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=block))
+        sample = {"logits": inp["logits"], "position": torch.arange(rows, device=DEVICE)}
+        owner_of_row = torch.bucketize(torch.arange(rows), inp["offsets"][1:].cpu(), right=True).clamp(
+            max=inp["temperature"].shape[0] - 1).to(DEVICE)
+        for key in ("temperature", "top_k", "top_p", "seed"):
+            sample[key] = inp[key][owner_of_row]
+        _check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
+
+
 def test_verify_argmax_matches_reference():
     g = torch.Generator().manual_seed(7)
     for dtype in (torch.float32, torch.bfloat16):
