@@ -267,10 +267,11 @@ def main(argv=None) -> int:
                     print(f"  (reference compile + bench {time.time() - t0:.0f}s)", file=sys.stderr)
             best = min((v for v in (sort_eager, sort_comp, ref_eager, ref_comp) if not math.isnan(v)), default=math.nan)
             f = lambda v: "n/a" if math.isnan(v) else f"{v * 1e3:.0f}"
+            ratio = lambda base, t: "n/a" if math.isnan(base) else f"{base / t:.1f}x"
             say(f"| dflash_verify{'_argmax' if greedy else ''} | {owners} x {ROWS_PER_OWNER} | {vocab} | "
                 f"{str(dtype).split('.')[-1]} | {mode} | {fused * 1e3:.1f} | {fused / floor_ms:.2f} | "
                 f"{launched * 1e3:.1f} | {f(sort_eager)} | {f(sort_comp)} | {f(ref_eager)} | {f(ref_comp)} | "
-                f"{sort_eager / fused:.1f}x | {best / fused:.1f}x |")
+                f"{ratio(sort_eager, fused)} | {ratio(best, fused)} |")
 
     # sample_rows at 64 rows, and the flat-row stress case of the top-p slow path.
     say()
