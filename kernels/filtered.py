@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .sampling_rule import (KEY_OFFSET, candidates, combine_lanes, count_finite, decide_filtered, filters,
-                            lane_stats, scan_row)
+from .sampling_rule import (KEY_OFFSET, LANE_BITS, candidates, combine_lanes, count_finite, decide_filtered, filters,
+                            key_weight, lane_stats, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -79,8 +79,7 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
         second = first
     elif use_p:
         target = top_p.to(tl.float64) * mass * MARGIN
-        w = tl.where(s >= 0, weight(key_value((s - KEY_OFFSET).to(tl.int32)), x_max, temperature), 0.0)
-        reach = tl.cumsum(w.to(tl.float64), 0) >= target
+        reach = tl.cumsum(tl.where(s >= 0, key_weight(s, x_max, temperature), 0.0), 0) >= target
         bound_rank = tl.min(tl.where(reach, r, LANES), 0)  # LANES: never (all lanes, below)
         # The smallest rank whose lanes' whole masses reach the target (bisection on ranks).
         lane_s = tl.where(live, lane_mass * weight(lane_max, x_max, temperature).to(tl.float64), 0.0)
@@ -104,7 +103,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     VEC logits from s * BLOCK + l * VEC) can hold one: the work is their (lane, step)
     pairs, compacted, LANES pairs of VEC logits per iteration (for top-k 50, ~50 hot lanes
     of 512: ~4 iterations instead of a pass of 37 steps that computes on every lane)."""
-    VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     index_ptr = buf_ptr.to(tl.pointer_type(tl.int32))
     hot_ptr = index_ptr + BUF  # the hot lanes' list: after the candidates (int32 slots BUF .. 2 * BUF)

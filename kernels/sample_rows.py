@@ -26,7 +26,7 @@ from .launch import supports  # noqa: F401  (this head's domain: the one in laun
 from .common import uniform
 from .filtered import filtered_pass, filtered_token, stats_of
 from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
-from .sampling_rule import is_light, light_token_from_chunks, scan_lanes, store_chunk
+from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
 
 @triton.jit
@@ -40,10 +40,7 @@ def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part
     top_p = tl.load(top_p_ptr + row)
     row_ptr = logits_ptr + row * stride
     if is_light(temperature, top_k, top_p, vocab):
-        lo = c * chunk  # past the row for unused chunks: they store max -inf, nothing else
-        x_max, arg, finite, mass, _ = scan_lanes(row_ptr, tl.minimum(lo + chunk, vocab), temperature, -1,
-                                                 temperature > 0, BLOCK, STAGES, lo)
-        store_chunk(part_ptr + (row * SPLITS + c) * 4, x_max, arg, finite, mass)
+        chunk_stats(row_ptr, vocab, temperature, c, chunk, part_ptr + (row * SPLITS + c) * 4, BLOCK, STAGES)
     elif c == 0:  # a filtered row: one program reads it whole
         work = work_ptr + row * WORK
         filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES, BUF)

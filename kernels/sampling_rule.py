@@ -41,6 +41,8 @@ from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, u
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
+LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
+# combine_lanes and filtered.collect (one 16-byte load per lane)
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
 SLOW_STAGES = tl.constexpr(2)  # the slow path's passes (measured on the H200: 6 or 12 stages ran slower)
 
@@ -144,7 +146,7 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
 def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
                COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr):
     """`lane_stats`' pass over the row (FAST: see `_fold_step`)."""
-    VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
     lane_step = tl.zeros((LANES,), dtype=tl.int32) + lo
@@ -207,7 +209,7 @@ def combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_bel
     """`lane_stats` folded to the row's (max, argmax, finite count, mass S, mass below draft).
     The argmax (lowest index of the max): the lanes holding the row max reload the step
     where their max first rose (16 bytes each) and take the lowest index holding it."""
-    VEC: tl.constexpr = 128 // row_ptr.dtype.element_ty.primitive_bitwidth
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = lane_max.shape[0]
     x_max = tl.max(lane_max, 0)
     holds = (lane_max == x_max) & (lane_max > float("-inf"))
@@ -255,6 +257,16 @@ def store_chunk(part_ptr, x_max, arg, finite, mass):
     tl.store(part_ptr + 1, arg.to(tl.int64))
     tl.store(part_ptr + 2, finite.to(tl.int64))
     tl.store(part_ptr + 3, mass.to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def chunk_stats(row_ptr, vocab, temperature, c, chunk, part_ptr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """Chunk c of a greedy or temperature-only row, read and stored (`store_chunk`) at part_ptr;
+    a chunk past the row stores max -inf, nothing else."""
+    lo = c * chunk
+    x_max, arg, finite, mass, _ = scan_lanes(row_ptr, tl.minimum(lo + chunk, vocab), temperature, -1,
+                                             temperature > 0, BLOCK, STAGES, lo)
+    store_chunk(part_ptr, x_max, arg, finite, mass)
 
 
 @triton.jit
@@ -418,8 +430,8 @@ def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, target, COUNT: tl.
 
 
 @triton.jit
-def _key_weight(key, x_max, temperature):
-    """The float64 weight of an unsigned key."""
+def key_weight(key, x_max, temperature):
+    """The float64 weight of an unsigned key (`unsigned_key`)."""
     return weight(key_value((key - KEY_OFFSET).to(tl.int32)), x_max, temperature).to(tl.float64)
 
 
@@ -439,7 +451,7 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, BLOC
     if use_p:
         total_k = _total_above(row_ptr, vocab, x_max, temperature, cut_k, False, BLOCK)
         if (room_k > 0) & (cut_k >= 0):  # (cut_k = -1: fewer than k finite tokens, all kept)
-            total_k += room_k.to(tl.float64) * _key_weight(cut_k, x_max, temperature)
+            total_k += room_k.to(tl.float64) * key_weight(cut_k, x_max, temperature)
         target = top_p.to(tl.float64) * total_k
         # The cut: the smallest key whose kept mass strictly above stays under the target;
         # the largest c with mass(u > c - 1) >= target is one below it (at least cut_k: every
@@ -447,7 +459,7 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, BLOC
         cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, target, False, BLOCK)
         above = _total_above(row_ptr, vocab, x_max, temperature, cut_p, False, BLOCK)
         # Tied tokens at the cut share e_cut: the m-th stays iff above + m * e_cut < target.
-        e_cut = _key_weight(cut_p, x_max, temperature)
+        e_cut = key_weight(cut_p, x_max, temperature)
         room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
         room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
         room_p = tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)

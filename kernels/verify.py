@@ -35,7 +35,7 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
 from .filtered import RESULTS, STATS, filtered_pass, filtered_token, stats_of
-from .sampling_rule import decide_light, is_light, light_token_from_chunks, scan_lanes, store_chunk, valid_draft
+from .sampling_rule import chunk_stats, decide_light, is_light, light_token_from_chunks, valid_draft
 
 BLOCK_O = 1024  # owners per step of the layout loops
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -135,7 +135,7 @@ def verify_chunks_kernel(logits_ptr, stride, offsets_ptr, temperature_ptr, work_
                          vocab, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                          STAGES: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr):
     """Program (owner, c): where the owner's first unmatched row is a temperature-only row
-    whose token is still to be searched (-2), chunk c of that row's stats (`store_chunk`), so
+    whose token is still to be searched (-2), chunk c of that row's stats (`chunk_stats`), so
     that the accept kernel searches one chunk instead of the whole row."""
     owner = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -143,12 +143,9 @@ def verify_chunks_kernel(logits_ptr, stride, offsets_ptr, temperature_ptr, work_
     if n > 0:
         miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
         work = work_ptr + (start + miss) * WORK
-        if tl.load(work + BUF) == -2:
-            lo = c * chunk  # past the row for unused chunks: they store max -inf, nothing else
-            x_max, arg, finite, mass, _ = scan_lanes(logits_ptr + (first_row + miss) * stride,
-                                                     tl.minimum(lo + chunk, vocab), tl.load(temperature_ptr + owner),
-                                                     -1, True, BLOCK, STAGES, lo)
-            store_chunk(parts_of(work, BUF) + c * 4, x_max, arg, finite, mass)
+        if tl.load(work + BUF) == -2:  # (a temperature-only row: T > 0)
+            chunk_stats(logits_ptr + (first_row + miss) * stride, vocab, tl.load(temperature_ptr + owner), c, chunk,
+                        parts_of(work, BUF) + c * 4, BLOCK, STAGES)
 
 
 @triton.jit
