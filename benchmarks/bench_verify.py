@@ -169,16 +169,21 @@ def breakdown(fn, argsets, rounds: int = 4) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def fused_op(mode: str):
+    """The fused head a mode times: the argmax op for greedy, else dflash_verify (same arguments)."""
+    if mode == "greedy":
+        return lambda *a: torch.ops.dflash.dflash_verify_argmax(*a[:3])
+    return torch.ops.dflash.dflash_verify
+
+
 def call_once(mode: str, owners: int = 64, flat: bool = False, calls: int = 5) -> int:
     """--once: the headline case of one mode (64 owners x 16 rows, V = 151936, bf16), called
     a few times and nothing else: a target for ncu / nsys."""
     g = torch.Generator(device="cuda").manual_seed(0)
     c = make_inputs(g, owners, 151936, torch.bfloat16, mode, flat=flat)
+    op = fused_op(mode)
     for _ in range(calls):
-        if mode == "greedy":
-            torch.ops.dflash.dflash_verify_argmax(*[c[k] for k in KEYS[:3]])
-        else:
-            torch.ops.dflash.dflash_verify(*[c[k] for k in KEYS])
+        op(*[c[k] for k in KEYS])
     torch.cuda.synchronize()
     return 0
 
@@ -241,8 +246,7 @@ def main(argv=None) -> int:
             greedy = mode == "greedy"
             copies = [make_inputs(g, owners, vocab, dtype, mode) for _ in range(n_copies)]
             argsets = [[c[k] for k in KEYS] for c in copies]
-            fused_fn = (lambda *a: torch.ops.dflash.dflash_verify_argmax(*a[:3])) if greedy else \
-                torch.ops.dflash.dflash_verify
+            fused_fn = fused_op(mode)
             pipe = argmax_pipeline if greedy else sort_pipeline
             ref = (lambda *a: heads.DFlashVerifyArgmax()(*a[:3])) if greedy else heads.DFlashVerify()
             fused = graph_ms(fused_fn, argsets)
