@@ -28,6 +28,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
+ONLY = ""  # --only
 
 
 def resources(kernel) -> str:
@@ -41,6 +42,8 @@ def resources(kernel) -> str:
 
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
+    if ONLY not in label:
+        return True
     names = fn.arg_names
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and not p.has_default]
     if missing:
@@ -80,9 +83,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--asm", metavar="DIR", help="also write each variant's TTGIR and PTX there")
+    parser.add_argument("--only", default="", metavar="TEXT", help="only the variants whose label holds TEXT")
     args = parser.parse_args(argv)
-    global ASM_DIR
-    ASM_DIR = args.asm
+    global ASM_DIR, ONLY
+    ASM_DIR, ONLY = args.asm, args.only
     if ASM_DIR:
         os.makedirs(ASM_DIR, exist_ok=True)
     ok = True

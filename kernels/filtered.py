@@ -38,21 +38,35 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .sampling_rule import (KEY_OFFSET, LANE_BITS, candidates, combine_lanes, count_finite, decide_filtered, filters,
+from .nucleus import nucleus_token
+from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, combine_lanes, count_finite, decide_filtered, filters,
                             key_weight, lane_stats, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(63)  # top-p: collect at least down to the 64th largest lane maximum
-LOG2_LANES = tl.constexpr(11)  # bisection steps over lane ranks (lanes <= 2048)
-RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after its candidates
+LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)
+LANE_MASK = tl.constexpr(2047)
+HOT_WORDS = tl.constexpr(256)  # int64 words of the hot-lane list (512 int32 lanes: LIGHT_BYTES * 8 / LANE_BITS)
+RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after the candidates and hot lanes
 STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass
+
+# A scratch row (int64 words): the candidate list [0, 2 * BUF) (`collect`: 2 * BUF int32
+# keys, then 2 * BUF int32 indices; `scan_row` keeps BUF packed entries there), the hot
+# lanes [2 * BUF, + HOT_WORDS), then RESULTS, STATS and the chunk partials of a split row
+# (`verify.parts_of`).
+
+
+@triton.jit
+def results_of(work, BUF: tl.constexpr):
+    """A row's decision words in its scratch row: after the candidate list and the hot lanes."""
+    return work + 2 * BUF + HOT_WORDS
 
 
 @triton.jit
 def stats_of(work, BUF: tl.constexpr):
-    """A filtered row's stats in its scratch row: after BUF candidates and RESULTS."""
-    return work + BUF + RESULTS
+    """A filtered row's stats in its scratch row: after its RESULTS."""
+    return results_of(work, BUF) + RESULTS
 
 
 @triton.jit
@@ -62,15 +76,19 @@ def _rank_value(s, rank):
 
 
 @triton.jit
-def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p):
+def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, scratch_ptr):
     """(first, second) unsigned key bounds of the module docstring (-1: none). top-k: the
     k-th largest lane maximum, twice. top-p: first from the lanes' masses, second from their
-    maxima' weights (a true bound, lower); both at least the P_RANK-th lane maximum."""
+    maxima' weights (a true bound, lower); both at least the P_RANK-th lane maximum.
+    scratch_ptr: LANES int64 words (the candidate list, before `collect` fills it) where
+    top-p puts the lanes' masses in the order of their maxima."""
     LANES: tl.constexpr = lane_max.shape[0]
+    tl.static_assert(LANES <= LANE_MASK + 1)
     r = tl.arange(0, LANES)
     live = lane_max > float("-inf")
     keys = tl.where(live, unsigned_key(sanitize(lane_max)), -1)
-    s = tl.sort(keys, 0, descending=True)
+    ranked = tl.sort((keys << LANE_SHIFT) | r, 0, descending=True)  # (an empty lane: -1 after the shift back)
+    s = ranked >> LANE_SHIFT
     lanes = tl.sum(live.to(tl.int32), 0)
     first = tl.zeros((), dtype=tl.int64) - 1
     second = tl.zeros((), dtype=tl.int64) - 1
@@ -81,32 +99,49 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
         target = top_p.to(tl.float64) * mass * MARGIN
         reach = tl.cumsum(tl.where(s >= 0, key_weight(s, x_max, temperature), 0.0), 0) >= target
         bound_rank = tl.min(tl.where(reach, r, LANES), 0)  # LANES: never (all lanes, below)
-        # The smallest rank whose lanes' whole masses reach the target (bisection on ranks).
+        # The smallest rank whose lanes' whole masses reach the target: the lanes' masses in
+        # the order of their maxima (through scratch: a gather), summed. (Lanes tied with the
+        # rank where the sum crosses have the same key: the bound is that key either way.)
         lane_s = tl.where(live, lane_mass * weight(lane_max, x_max, temperature).to(tl.float64), 0.0)
-        lo = tl.zeros((), dtype=tl.int32)
-        hi = lanes - 1
-        for _ in range(0, LOG2_LANES):
-            mid = (lo + hi) // 2
-            enough = tl.sum(tl.where(keys >= _rank_value(s, mid), lane_s, 0.0), 0) >= target
-            hi = tl.where(enough & (lo < hi), mid, hi)
-            lo = tl.where(~enough & (lo < hi), mid + 1, lo)
+        mass_ptr = scratch_ptr.to(tl.pointer_type(tl.float64))
+        tl.store(mass_ptr + r, lane_s)
+        tl.debug_barrier()  # stored by other threads
+        by_rank = tl.load(mass_ptr + (ranked & LANE_MASK))
+        lo = tl.min(tl.where(tl.cumsum(by_rank, 0) >= target, r, LANES - 1), 0)
         first = _rank_value(s, tl.minimum(tl.maximum(lo, P_RANK), lanes - 1))
         second = _rank_value(s, tl.minimum(tl.maximum(bound_rank, P_RANK), lanes - 1))
     return first, second
 
 
 @triton.jit
+def keys_of(buf_ptr):
+    """The candidate list's keys (int32 `ordered_key`s); its indices follow 2 * BUF slots later."""
+    return buf_ptr.to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def listed(buf_ptr, count, BUF: tl.constexpr, N: tl.constexpr):
+    """The first N entries of the candidate list, packed (`sampling_rule.pack`; INT64_MIN past count)."""
+    i = tl.arange(0, N)
+    tl.debug_barrier()  # (after a collect by this program: written by other threads)
+    key = tl.load(keys_of(buf_ptr) + i, mask=i < count, other=0)
+    index = tl.load(keys_of(buf_ptr) + 2 * BUF + i, mask=i < count, other=0)
+    return tl.where(i < count, (key.to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64)), INT64_MIN)
+
+
+@triton.jit
 def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
-    """Append the index of every finite token with unsigned key >= theta to buf_ptr (as
-    int32); returns their number (more than BUF: only BUF of them stored). Only the
-    lanes whose maximum reaches theta (`lane_stats`' layout: lane l of step s holds the
-    VEC logits from s * BLOCK + l * VEC) can hold one: the work is their (lane, step)
-    pairs, compacted, LANES pairs of VEC logits per iteration (for top-k 50, ~50 hot lanes
-    of 512: ~4 iterations instead of a pass of 37 steps that computes on every lane)."""
+    """Append every finite token with unsigned key >= theta to the candidate list at buf_ptr
+    (its key and its index, 2 * BUF entries at most); returns their number (more than
+    2 * BUF: only that many stored). Only the lanes whose maximum reaches theta (`lane_stats`' layout:
+    lane l of step s holds the VEC logits from s * BLOCK + l * VEC) can hold one: the work is
+    their (lane, step) pairs, compacted, LANES pairs of VEC logits per iteration (for top-k
+    50, ~50 hot lanes of 512: ~4 iterations instead of a pass of 37 steps that computes on
+    every lane)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
-    index_ptr = buf_ptr.to(tl.pointer_type(tl.int32))
-    hot_ptr = index_ptr + BUF  # the hot lanes' list: after the candidates (int32 slots BUF .. 2 * BUF)
+    tl.static_assert(LANES <= 2 * HOT_WORDS)
+    hot_ptr = (buf_ptr + 2 * BUF).to(tl.pointer_type(tl.int32))  # the hot lanes' list: after the candidates
     lane = tl.arange(0, LANES)
     bound = (theta - KEY_OFFSET).to(tl.int32)
     hot = (lane_max > float("-inf")) & (ordered_key(sanitize(lane_max)) >= bound)
@@ -114,29 +149,31 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     tl.store(hot_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, lane, mask=hot)
     tl.atomic_xchg(count_ptr, 0)
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
-    counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((LANES, VEC), dtype=tl.int32)
+    PAIRS: tl.constexpr = LANES // 2  # (lane, step) pairs per iteration (registers: 8 warps hold 2 lanes' logits)
+    counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
     pairs = n_hot * tl.cdiv(vocab, BLOCK)
     per_step = tl.maximum(n_hot, 1)
-    for base in range(0, pairs, LANES):
-        i = base + lane
+    for base in range(0, pairs, PAIRS):
+        i = base + tl.arange(0, PAIRS)
         live = i < pairs
         at = tl.load(hot_ptr + i % per_step, mask=live, other=0)
         offs = ((i // per_step) * BLOCK + at * VEC)[:, None] + tl.arange(0, VEC)[None, :]
         x = sanitize(tl.load(row_ptr + offs, mask=live[:, None] & (offs < vocab), other=float("-inf")))
         take = (x > float("-inf")) & (ordered_key(x) >= bound)
         slot = tl.atomic_add(counter, 1, mask=take, sem="relaxed")
-        tl.store(index_ptr + slot, offs, mask=take & (slot < BUF))
+        tl.store(keys_of(buf_ptr) + slot, ordered_key(x), mask=take & (slot < 2 * BUF))
+        tl.store(keys_of(buf_ptr) + 2 * BUF + slot, offs, mask=take & (slot < 2 * BUF))
     tl.debug_barrier()  # every append is done
     return tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
 
 
 @triton.jit
-def _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature):
-    """The mass of `count` (<= BUF) collected candidates."""
+def _candidate_mass(buf_ptr, count, x_max, temperature):
+    """The mass of `count` (<= 2 * BUF) collected candidates."""
     total = tl.zeros((), dtype=tl.float64)
     for base in range(0, count, SMALL):
         i = base + tl.arange(0, SMALL)
-        key = (candidates(row_ptr, vocab, buf_ptr, count, i) >> 32).to(tl.int32)
+        key = tl.load(keys_of(buf_ptr) + i, mask=i < count, other=0)
         total += tl.sum(tl.where(i < count, weight(key_value(key), x_max, temperature), 0.0).to(tl.float64), 0)
     return total
 
@@ -158,14 +195,14 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
         row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, False, False)
     x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
                                                 vocab, temperature, ~use_k)
-    first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p)
+    first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
-        retry = (second < theta) & (count <= BUF)  # top-p only (an overflow would only grow)
+        retry = (second < theta) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:
-            retry = _candidate_mass(row_ptr, vocab, buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
+            retry = _candidate_mass(buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
         theta = tl.where(retry, second, -1)
     tl.store(stats_ptr, count)
     tl.store(stats_ptr + 1, x_max.to(tl.int32, bitcast=True).to(tl.int64))
@@ -194,13 +231,19 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         # makes the candidates count as the whole row when they are all V tokens.
         if (count >= 0) & (count <= SMALL) & (count <= BUF):  # (BUF < SMALL only with test overrides)
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
-                                    count, use_k, use_p, buf_ptr, BLOCK, SMALL, False, True)
+                                    count, use_k, use_p, listed(buf_ptr, count, BUF, SMALL), BLOCK, False)
         elif (count >= 0) & (count <= BUF):
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
-                                    count, use_k, use_p, buf_ptr, BLOCK, BUF, False, True)
+                                    count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
+        elif (count > BUF) & (count <= 2 * BUF) & use_p & ~use_k:  # a long top-p list (an LLM row's wide nucleus)
+            token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature, top_p,
+                                  mass, u, arg, vocab, 2 * BUF)
         if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
             finite = count_finite(row_ptr, vocab, BLOCK)
             count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
+            slots = tl.arange(0, BUF)
+            tl.debug_barrier()  # the buffer was written by other threads
+            packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
-                                    count, use_k, use_p, buf_ptr, BLOCK, BUF, True)
+                                    count, use_k, use_p, packed, BLOCK, True)
     return token

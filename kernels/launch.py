@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .filtered import RESULTS, STATS
+from .filtered import HOT_WORDS, RESULTS, STATS
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
-WORK_SLOTS = RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
+WORK_SLOTS = HOT_WORDS.value + RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
 
 INT64 = torch.int64
 F32 = torch.float32
@@ -76,9 +76,9 @@ def split_rows(vocab: int, block: int) -> tuple[int, int]:
 
 
 def scratch_width(buf: int) -> int:
-    """int64 words per scratch row: BUF candidates, then RESULTS + STATS words, then 4 per
-    chunk of a split row (`verify.parts_of`)."""
-    return buf + WORK_SLOTS + 4 * SPLITS
+    """int64 words per scratch row: a list of 2 * BUF candidates, the hot lanes, RESULTS +
+    STATS words, then 4 per chunk of a split row (`verify.parts_of`)."""
+    return 2 * buf + WORK_SLOTS + 4 * SPLITS
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:

@@ -514,29 +514,16 @@ def decide_light(row_ptr, vocab, temperature, seed, position, draft, BLOCK: tl.c
 
 
 @triton.jit
-def candidates(row_ptr, vocab, buf_ptr, count, i):
-    """Entries i of a buffer of `count` int32 token indices, packed (`pack`); INT64_MIN past count."""
-    index = tl.load(buf_ptr.to(tl.pointer_type(tl.int32)) + i, mask=i < count, other=0)
-    x, _ = load_row(row_ptr, index, vocab)
-    return tl.where(i < count, pack(x, index), INT64_MIN)
-
-
-@triton.jit
 def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass_all, k, want,
-                    count, use_k, use_p, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr,
-                    SLOW: tl.constexpr = True, INDICES: tl.constexpr = False):
-    """The token of a top-k / top-p row from its `count` (<= BUF) candidates in buf_ptr,
-    which in SPEC.md's order start with the row's min(count, want) best tokens (a prefix
-    of the order). Resolved there when that prefix holds the whole top-k set, or (top-p
-    alone) when its mass reaches top_p * S: every later token's C(r-1) is then >= the
-    target. Otherwise the slow path over the row (SLOW: key searches), or -4 (not decided).
-    The buffer holds packed entries (`scan_row`), or with INDICES int32 token indices."""
+                    count, use_k, use_p, packed, BLOCK: tl.constexpr, SLOW: tl.constexpr = True):
+    """The token of a top-k / top-p row from its `count` (<= BUF) candidates `packed` ([BUF]
+    packed entries: `pack`, INT64_MIN past count), which in SPEC.md's order start with the
+    row's min(count, want) best tokens (a prefix of the order). Resolved there when that
+    prefix holds the whole top-k set, or (top-p alone) when its mass reaches top_p * S:
+    every later token's C(r-1) is then >= the target. Otherwise the slow path over the row
+    (SLOW: key searches), or -4 (not decided)."""
+    BUF: tl.constexpr = packed.shape[0]
     rank = tl.arange(0, BUF)
-    tl.debug_barrier()  # the buffer was written by other threads of this program
-    if INDICES:
-        packed = candidates(row_ptr, vocab, buf_ptr, count, rank)
-    else:
-        packed = tl.load(buf_ptr + rank, mask=rank < count, other=INT64_MIN)
     packed = tl.sort(packed, descending=True)
     n_best = tl.minimum(count, want)
     n_kept_k = tl.minimum(k, finite.to(tl.int64))  # size of the top-k set

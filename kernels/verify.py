@@ -34,7 +34,7 @@ from torch.library import triton_op, wrap_triton
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
-from .filtered import RESULTS, STATS, filtered_pass, filtered_token, stats_of
+from .filtered import RESULTS, STATS, filtered_pass, filtered_token, results_of, stats_of
 from .sampling_rule import chunk_stats, decide_light, is_light, light_token_from_chunks, valid_draft
 
 BLOCK_O = 1024  # owners per step of the layout loops
@@ -58,8 +58,8 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
                        BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
                                                BLOCK_O)
-    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates [0, BUF), results, stats
-    results = work + BUF
+    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates, hot lanes, results, stats
+    results = results_of(work, BUF)
     if used:
         if GREEDY:
             zero = tl.zeros((), dtype=tl.int64)
@@ -89,7 +89,7 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
     # Only slots that verify_rows_kernel marked (or a stale mark in an unused slot: `used`
     # rules those out) walk the owner layout; the others exit at once.
-    if tl.load(work + BUF) == FILTERED_ROW:
+    if tl.load(results_of(work, BUF)) == FILTERED_ROW:
         used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows,
                                                    num_owners, BLOCK_O)
         temperature = tl.load(temperature_ptr + owner)
@@ -101,7 +101,7 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
                                    CAP, BUF, STAGES)
             d = valid_draft(draft, vocab)
             zero = tl.zeros((), dtype=tl.float32)
-            store_results(work + BUF, token, (token == d) & (d >= 0), zero, zero)
+            store_results(results_of(work, BUF), token, (token == d) & (d >= 0), zero, zero)
 
 
 @triton.jit
@@ -119,15 +119,15 @@ def _first_miss(work_ptr, start, n, BUF: tl.constexpr, WORK: tl.constexpr, BLOCK
     miss = n - 1
     for base in range(0, n, BLOCK_J):
         j = base + tl.arange(0, BLOCK_J)
-        matched = tl.load(work_ptr + (start + j) * WORK + BUF + 1, mask=j < n, other=1)
+        matched = tl.load(results_of(work_ptr + (start + j) * WORK, BUF) + 1, mask=j < n, other=1)
         miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
     return miss
 
 
 @triton.jit
 def parts_of(work, BUF: tl.constexpr):
-    """A temperature-only row's chunk partials in its scratch row: after the candidates, results and stats."""
-    return work + BUF + RESULTS + STATS
+    """A temperature-only row's chunk partials in its scratch row: after its results and stats."""
+    return results_of(work, BUF) + RESULTS + STATS
 
 
 @triton.jit
@@ -143,7 +143,7 @@ def verify_chunks_kernel(logits_ptr, stride, offsets_ptr, temperature_ptr, work_
     if n > 0:
         miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
         work = work_ptr + (start + miss) * WORK
-        if tl.load(work + BUF) == -2:  # (a temperature-only row: T > 0)
+        if tl.load(results_of(work, BUF)) == -2:  # (a temperature-only row: T > 0)
             chunk_stats(logits_ptr + (first_row + miss) * stride, vocab, tl.load(temperature_ptr + owner), c, chunk,
                         parts_of(work, BUF) + c * 4, BLOCK, STAGES)
 
@@ -162,7 +162,7 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
         accepted = miss
         work = work_ptr + (start + miss) * WORK
-        token = tl.load(work + BUF)
+        token = tl.load(results_of(work, BUF))
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
             if token == -2:  # a temperature-only row: search its token in the chunk that holds it
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
