@@ -97,8 +97,8 @@ def main(argv=None) -> int:
         for greedy in (False, True):
             ok &= compile_one(
                 f"verify_rows {logits} greedy={greedy}", verify.verify_rows_kernel, logits,
-                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages,
-                     BLOCK_O=verify.BLOCK_O), light.warps, greedy)
+                dict(GREEDY=greedy, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
+                     STAGES=light.stages, BLOCK_O=verify.BLOCK_O), light.warps, greedy)
             ok &= compile_one(
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
                 dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, SPLITS=splits,
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,
                  BLOCK_O=verify.BLOCK_O), heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
-                          dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
+                          dict(SPLITS=splits, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
+                               STAGES=light.stages),
                           light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             ok &= compile_one(

@@ -213,9 +213,14 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
 
 @triton.jit
 def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr,
-                   BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-    """The token of a filtered row (-1 without a finite logit) from `filtered_pass`'s results."""
+                   BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr,
+                   SMALL_ONLY: tl.constexpr = False):
+    """The token of a filtered row (-1 without a finite logit) from `filtered_pass`'s results.
+    SMALL_ONLY: only what the small decision (<= SMALL candidates, a few registers per
+    thread) settles, else -4: the row pass itself decides those rows right after
+    `filtered_pass` (no second launch walks the owner layout and reloads them for it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
+    tl.debug_barrier()  # (SMALL_ONLY: the stats were stored by other threads of this program)
     count = tl.load(stats_ptr)
     x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
     arg = tl.load(stats_ptr + 2)
@@ -229,21 +234,23 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         # From the candidates, the finite count stands in as V: with top-k and a bound, k lanes
         # hold a finite logit, so the top-k set has exactly k tokens; for top-p alone it only
         # makes the candidates count as the whole row when they are all V tokens.
-        if (count >= 0) & (count <= SMALL) & (count <= BUF):  # (BUF < SMALL only with test overrides)
+        small = (count >= 0) & (count <= SMALL) & (count <= BUF)  # (BUF < SMALL only with test overrides)
+        if small:
             token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
                                     count, use_k, use_p, listed(buf_ptr, count, BUF, SMALL), BLOCK, False)
-        elif (count >= 0) & (count <= BUF):
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
-                                    count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
-        elif (count > BUF) & (count <= 2 * BUF) & use_p & ~use_k:  # a long top-p list (an LLM row's wide nucleus)
-            token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature, top_p,
-                                  mass, u, arg, vocab, 2 * BUF)
-        if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
-            finite = count_finite(row_ptr, vocab, BLOCK)
-            count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
-            slots = tl.arange(0, BUF)
-            tl.debug_barrier()  # the buffer was written by other threads
-            packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
-                                    count, use_k, use_p, packed, BLOCK, True)
+        if not SMALL_ONLY:
+            if ~small & (count >= 0) & (count <= BUF):
+                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
+                                        count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
+            if (count > BUF) & (count <= 2 * BUF) & use_p & ~use_k:  # a long top-p list (a wide LLM nucleus)
+                token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature,
+                                      top_p, mass, u, arg, vocab, 2 * BUF)
+            if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
+                finite = count_finite(row_ptr, vocab, BLOCK)
+                count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
+                slots = tl.arange(0, BUF)
+                tl.debug_barrier()  # the buffer was written by other threads
+                packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
+                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
+                                        count, use_k, use_p, packed, BLOCK, True)
     return token

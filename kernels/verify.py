@@ -54,7 +54,7 @@ def _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr,
+                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                        BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
                                                BLOCK_O)
@@ -78,7 +78,13 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             else:
                 filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES,
                               BUF)
-                tl.store(results, FILTERED_ROW)
+                u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+                token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
+                                       BLOCK, CAP, BUF, STAGES, True)
+                if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
+                    tl.store(results, FILTERED_ROW)
+                else:
+                    store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -99,9 +105,15 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
             u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
             token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
                                    CAP, BUF, STAGES)
-            d = valid_draft(draft, vocab)
-            zero = tl.zeros((), dtype=tl.float32)
-            store_results(results_of(work, BUF), token, (token == d) & (d >= 0), zero, zero)
+            store_filtered(results_of(work, BUF), token, draft, vocab)
+
+
+@triton.jit
+def store_filtered(results, token, draft, vocab):
+    """A top-k / top-p row's decision (`store_results`): its token, and whether it is the draft."""
+    d = valid_draft(draft, vocab)
+    zero = tl.zeros((), dtype=tl.float32)
+    store_results(results, token, (token == d) & (d >= 0), zero, zero)
 
 
 @triton.jit
@@ -188,8 +200,8 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
                 seed, work, num_rows, num_owners, vocab)
         wrap_triton(verify_rows_kernel)[(num_rows,)](
-            *args, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages,
-            BLOCK_O=BLOCK_O, num_warps=light.warps)
+            *args, GREEDY=greedy, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+            STAGES=light.stages, BLOCK_O=BLOCK_O, num_warps=light.warps)
         if not greedy:
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
