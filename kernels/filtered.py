@@ -26,12 +26,15 @@ step, and the order of the slots does not matter (the candidates are sorted afte
 It reads and computes only on the lanes whose maximum reaches theta: their (lane, step)
 pairs, compacted (`collect`).
 
-`filtered_token` (a second launch, one program per filtered row) sorts the candidates in
-registers (256 or BUF of them) and decides there (`sampling_rule.decide_filtered`).
-Rows with no bound (top-k > lanes), more than BUF candidates (ties, flat top-p rows) or
-a top-p prefix still short of the target take the general path:
-`sampling_rule.scan_row` (streaming filter with buffer shrinks), then the same
-decision, with its slow path (key searches over the row) where the candidates do not settle it.
+`filtered_token` sorts the candidates in registers and decides there
+(`sampling_rule.decide_filtered`): up to 256 of them in the row pass itself, right after
+`filtered_pass`; up to BUF in a second launch, one program per row left undecided.
+A top-p row with more than BUF candidates (up to 2 * BUF) is decided from them by
+searches over the list (`nucleus.py`). Rows with no bound (top-k > lanes), more
+candidates than that (ties, flat top-p rows) or a top-p prefix still short of the target
+take the general path: `sampling_rule.scan_row` (streaming filter with buffer shrinks,
+and the finite count), then the same decision, with its slow path (key searches over the
+row) where the candidates do not settle it.
 """
 
 import triton
@@ -39,7 +42,7 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
 from .nucleus import nucleus_token
-from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, combine_lanes, count_finite, decide_filtered, filters,
+from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, combine_lanes, decide_filtered, filters,
                             key_weight, lane_stats, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
@@ -246,8 +249,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature,
                                       top_p, mass, u, arg, vocab, 2 * BUF)
             if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
-                finite = count_finite(row_ptr, vocab, BLOCK)
-                count = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
+                count, finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
                 slots = tl.arange(0, BUF)
                 tl.debug_barrier()  # the buffer was written by other threads
                 packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)

@@ -41,6 +41,7 @@ from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, u
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
+FLT_MAX_KEY = tl.constexpr(4286578687)  # the unsigned key of FLT_MAX (a sanitized +inf)
 LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
 # combine_lanes and filtered.collect (one 16-byte load per lane)
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
@@ -75,14 +76,16 @@ def _shrink(buf_ptr, count, want, BUF: tl.constexpr):
 @triton.jit
 def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
     """The general filter of top-k / top-p rows: one HBM pass leaving the row's `want` best
-    tokens (packed) in buf_ptr; returns how many entries it holds. (The row's max, argmax,
-    finite count and mass come from `lane_stats`.)"""
+    tokens (packed) in buf_ptr; returns (how many entries it holds, the row's finite count).
+    (The row's max, argmax and mass come from `lane_stats`.)"""
     count = tl.zeros((), dtype=tl.int64)
+    finite = tl.zeros((BLOCK,), dtype=tl.int32)  # per thread: reduced once, after the pass
     theta = tl.zeros((), dtype=tl.int64) - 1  # unsigned key threshold; -1 takes every finite token
     strict = tl.zeros((), dtype=tl.int1)  # after a shrink, ties at theta rank below the buffer
     for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, vocab)
+        finite += fin.to(tl.int32)
         u = unsigned_key(x)
         take = fin & ((u > theta) | ((u == theta) & ~strict))
         n_take = tl.sum(take.to(tl.int64), 0)
@@ -95,7 +98,7 @@ def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constex
             pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
             tl.store(buf_ptr + pos, pack(x, offs), mask=take)
             count += n_take
-    return count
+    return count, tl.sum(finite.to(tl.int64), 0)
 
 
 @triton.jit
@@ -408,25 +411,43 @@ def _total_above(row_ptr, vocab, x_max, temperature, pivot, COUNT: tl.constexpr,
 
 
 @triton.jit
-def count_finite(row_ptr, vocab, BLOCK: tl.constexpr):
-    """The number of finite logits of a row (one pass)."""
-    return _total_above(row_ptr, vocab, 0.0, 1.0, -1, True, BLOCK).to(tl.int64)
-
-
-@triton.jit
 def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, target, COUNT: tl.constexpr,
                       BLOCK: tl.constexpr):
     """The largest key c in [lo, 2^32) whose total over keys >= c (COUNT: tokens, else mass)
     reaches `target`, given that lo's does: a search over PIVOTS keys per pass (the totals
-    fall as c rises, so the pivots that reach it are a prefix)."""
-    hi = tl.zeros((), dtype=tl.int64) + 0xFFFFFFFF
+    fall as c rises, so the pivots that reach it are a prefix).
+
+    bfloat16 / float16 rows: a search over the values the dtype holds (7 or 9 passes instead
+    of 14). Their keys' low SHIFT bits are all zeros (x >= 0) or all ones (x < 0), so
+    key >> SHIFT orders them and "key >= q << SHIFT" is "key >> SHIFT >= q". +inf sanitized
+    to FLT_MAX is no bfloat16 / float16 value: its group (shared with bfloat16's largest
+    finite value) takes one more pass to tell FLT_MAX's key from the group's."""
+    BF16: tl.constexpr = row_ptr.dtype.element_ty == tl.bfloat16
+    F16: tl.constexpr = row_ptr.dtype.element_ty == tl.float16
+    SHIFT: tl.constexpr = 16 if BF16 else (13 if F16 else 0)
+    LOW: tl.constexpr = 65535 if BF16 else 8191  # (1 << SHIFT) - 1
+    TOP_Q: tl.constexpr = 65535 if BF16 else (524287 if F16 else 4294967295)  # 0xFFFFFFFF >> SHIFT
+    HALF_Q: tl.constexpr = 32768 if BF16 else 262144  # KEY_OFFSET >> SHIFT: groups of x >= 0 from here
+    FLT_MAX_Q: tl.constexpr = 65407 if BF16 else 523263  # FLT_MAX_KEY >> SHIFT
+    q = lo >> SHIFT  # (lo = -1 stays -1)
+    hi = tl.zeros((), dtype=tl.int64) + TOP_Q
     i = tl.arange(0, PIVOTS).to(tl.int64) + 1
-    while hi > lo:
-        pivots = lo + ((hi - lo) * i + PIVOTS) // (PIVOTS + 1)  # in (lo, hi], ascending
-        reach = _totals_above(row_ptr, vocab, x_max, temperature, pivots - 1, COUNT, BLOCK) >= target
-        lo = tl.max(tl.where(reach, pivots, lo), 0)
+    q_lo = q
+    while hi > q:
+        pivots = q + ((hi - q) * i + PIVOTS) // (PIVOTS + 1)  # in (q, hi], ascending
+        reach = _totals_above(row_ptr, vocab, x_max, temperature, (pivots << SHIFT) - 1, COUNT, BLOCK) >= target
+        q = tl.max(tl.where(reach, pivots, q), 0)
         hi = tl.min(tl.where(reach, hi, pivots - 1), 0)
-    return lo
+    c = lo
+    if SHIFT > 0:
+        if q > q_lo:  # the key of the value in group q (the low bits: ones below 0.0, zeros from it)
+            c = tl.where(q < HALF_Q, (q << SHIFT) | LOW, q << SHIFT)
+        if (q == FLT_MAX_Q) & (c < FLT_MAX_KEY):  # (also when lo was already in that group)
+            if _total_above(row_ptr, vocab, x_max, temperature, FLT_MAX_KEY - 1, COUNT, BLOCK) >= target:
+                c = FLT_MAX_KEY + tl.zeros((), dtype=tl.int64)
+    else:
+        c = q
+    return c
 
 
 @triton.jit
@@ -436,11 +457,12 @@ def key_weight(key, x_max, temperature):
 
 
 @triton.jit
-def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, BLOCK: tl.constexpr):
+def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all, BLOCK: tl.constexpr):
     """Cut rules of top-k and top-p by a search over keys (the kept set reaches past the
     candidates). Every pass counts or sums the tokens above a key, with no tie rule: the
-    top-k set's total is the mass above cut_k plus room_k tied weights, and for keys above
-    cut_k (where the top-p cut lies) "kept by top-k and above c" is "above c"."""
+    top-k set's total is the mass above cut_k plus room_k tied weights (top-p alone: the
+    row's mass S, `mass_all`), and for keys above cut_k (where the top-p cut lies) "kept by
+    top-k and above c" is "above c"."""
     cut_k = tl.zeros((), dtype=tl.int64) - 1
     room_k = tl.zeros((), dtype=tl.int64)
     if use_k:  # the k-th best key: the largest c with count(u >= c) >= k
@@ -449,9 +471,11 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, BLOC
     cut_p = tl.zeros((), dtype=tl.int64) - 1
     room_p = tl.zeros((), dtype=tl.int64)
     if use_p:
-        total_k = _total_above(row_ptr, vocab, x_max, temperature, cut_k, False, BLOCK)
-        if (room_k > 0) & (cut_k >= 0):  # (cut_k = -1: fewer than k finite tokens, all kept)
-            total_k += room_k.to(tl.float64) * key_weight(cut_k, x_max, temperature)
+        total_k = mass_all
+        if use_k:
+            total_k = _total_above(row_ptr, vocab, x_max, temperature, cut_k, False, BLOCK)
+            if (room_k > 0) & (cut_k >= 0):  # (cut_k = -1: fewer than k finite tokens, all kept)
+                total_k += room_k.to(tl.float64) * key_weight(cut_k, x_max, temperature)
         target = top_p.to(tl.float64) * total_k
         # The cut: the smallest key whose kept mass strictly above stays under the target;
         # the largest c with mass(u > c - 1) >= target is one below it (at least cut_k: every
@@ -543,7 +567,7 @@ def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, m
         token = _search_candidates(packed, kept, x_max, temperature, u, BUF)
     elif SLOW:
         cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k,
-                                                   use_k, use_p, BLOCK)
+                                                   use_k, use_p, mass_all, BLOCK)
         total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, BLOCK)
         token = search_row(row_ptr, vocab, x_max, temperature, u.to(tl.float64) * total, cut_k, room_k,
                            cut_p, room_p, arg, BLOCK)

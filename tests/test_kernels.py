@@ -131,21 +131,43 @@ def test_verify_argmax_matches_reference():
             _check_verify(inp, got, greedy=True)
 
 
-def test_slow_top_p_path_with_flat_and_tied_rows():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_slow_top_p_path_with_flat_and_tied_rows(dtype):
     # Near-equal logits: the top-p cut lies far past 8 candidates, so the slow path (key
-    # searches) runs; all-tied rows put every cut inside one tie group (tie rooms).
-    # top_p values keep p * S_k away from whole multiples of the tied weights, so no row
-    # sits in a legal band and every row is judged exactly.
+    # searches; for bfloat16 / float16 over the values the dtype holds) runs; all-tied rows
+    # put every cut inside one tie group (tie rooms). top_p values keep p * S_k away from
+    # whole multiples of the tied weights, so no row sits in a legal band and every row is
+    # judged exactly.
     g = torch.Generator().manual_seed(9)
     n, vocab = 12, 150
     logits = torch.randn(n, vocab, generator=g) * 0.05
     logits[:4] = 0.25  # all tied
+    logits[6:8] = -0.25  # all tied below zero (half precision keys: low bits all ones)
     inp = _to({
-        "logits": logits, "position": torch.arange(n) * 11, "temperature": torch.full((n,), 1.0),
+        "logits": logits.to(dtype), "position": torch.arange(n) * 11, "temperature": torch.full((n,), 1.0),
         "top_k": torch.tensor([0, 100, 5, 37, 140, 0, 0, 37, 0, 0, 149, 0]),
         "top_p": torch.tensor([0.9033, 0.7071, 1.0, 0.5123, 1.0, 0.3, 0.99, 0.8, 0.6, 1e-3, 0.75, 0.5]),
         "seed": torch.arange(n) + 5,
     })
+    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_slow_path_tells_a_sanitized_inf_from_the_largest_half_precision_value(dtype):
+    """+inf logits count as FLT_MAX (SPEC.md step 1), which no bfloat16 / float16 holds: the
+    slow path's search over the dtype's values must still cut at FLT_MAX. 10 +inf and 15 of
+    the dtype's largest finite logits (weight 0 next to FLT_MAX), top-k 20 (no lane bound at
+    block 16: the general path, 8 candidates, the slow path), top-p 0.55: 6 +inf tokens kept."""
+    g = torch.Generator().manual_seed(8)
+    n, vocab = 6, 120
+    logits = torch.randn(n, vocab, generator=g)
+    for r in range(n):
+        at = torch.randperm(vocab, generator=g)
+        logits[r, at[:10]] = float("inf")
+        logits[r, at[10:25]] = torch.finfo(dtype).max
+    inp = _to({"logits": logits.to(dtype), "position": torch.arange(n) * 3, "temperature": torch.full((n,), 0.8),
+               "top_k": torch.full((n,), 20), "top_p": torch.tensor([0.55, 0.55, 0.35, 0.75, 0.55, 0.97]),
+               "seed": torch.arange(n) + 9})
     assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
