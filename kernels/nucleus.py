@@ -38,25 +38,25 @@ KEPT_BELOW = tl.constexpr(2)  # the mass of the kept entries with index < pivot
 
 
 @triton.jit
-def _kept(key, index, cut, tie_end, first):
+def _in_nucleus(key, index, cut, tie_end, first):
     """K: above the cut, the ties at it below tie_end, and the rank-0 token `first`."""
     return (key > cut) | ((key == cut) & (index < tie_end)) | (index == first)
 
 
 @triton.jit
-def _total(key, index, e, pivot, cut, tie_end, first, MODE: tl.constexpr):
+def _list_total(key, index, e, pivot, cut, tie_end, first, MODE: tl.constexpr):
     """One of the totals above (MODE) over the list, for a scalar pivot."""
     if MODE == MASS_AT_KEYS:
         val = tl.where(key >= pivot, e, 0.0)
     elif MODE == TIES_BELOW:
         val = tl.where((key == cut) & (index < pivot), 1.0, 0.0)
     else:
-        val = tl.where(_kept(key, index, cut, tie_end, first) & (index < pivot), e, 0.0)
+        val = tl.where(_in_nucleus(key, index, cut, tie_end, first) & (index < pivot), e, 0.0)
     return tl.sum(val.to(tl.float64), 0)
 
 
 @triton.jit
-def _largest(key, index, e, lo, hi, target, cut, tie_end, first, MODE: tl.constexpr):
+def _list_largest(key, index, e, lo, hi, target, cut, tie_end, first, MODE: tl.constexpr):
     """The largest c in [lo, hi] whose total (MODE) is >= target (MASS_AT_KEYS, falling in
     c) or <= target (the others, rising in c), given that lo's is: PIVOTS pivots per step."""
     while hi > lo:
@@ -64,7 +64,7 @@ def _largest(key, index, e, lo, hi, target, cut, tie_end, first, MODE: tl.conste
         new_hi = hi
         for p in tl.static_range(PIVOTS):
             pivot = lo + ((hi - lo) * (p + 1) + PIVOTS) // (PIVOTS + 1)  # in (lo, hi], ascending
-            total = _total(key, index, e, pivot, cut, tie_end, first, MODE)
+            total = _list_total(key, index, e, pivot, cut, tie_end, first, MODE)
             if MODE == MASS_AT_KEYS:
                 ok = total >= target
             else:
@@ -94,7 +94,7 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
     if tl.sum(e.to(tl.float64), 0) >= target:
         zero = tl.zeros((), dtype=tl.int64)
         lo = tl.min(tl.where(live, key, 2147483647), 0).to(tl.int64)
-        cut = _largest(key, index, e, lo, tl.max(key, 0).to(tl.int64), target, zero, zero, zero, MASS_AT_KEYS)
+        cut = _list_largest(key, index, e, lo, tl.max(key, 0).to(tl.int64), target, zero, zero, zero, MASS_AT_KEYS)
         above = tl.sum(tl.where(key > cut, e, 0.0).to(tl.float64), 0)
         e_cut = weight(key_value(cut.to(tl.int32)), x_max, temperature).to(tl.float64)
         room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
@@ -102,11 +102,11 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
         room = tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
         tie_end = zero + vocab
         if room < tl.sum((key == cut).to(tl.int64), 0):  # the room-th tie's index bounds the kept ties
-            tie_end = tl.where(room > 0, _largest(key, index, e, zero, zero + vocab, (room - 1).to(tl.float64),
+            tie_end = tl.where(room > 0, _list_largest(key, index, e, zero, zero + vocab, (room - 1).to(tl.float64),
                                                   cut, zero, zero, TIES_BELOW) + 1, 0)
-        kept = _kept(key, index, cut, tie_end, first)
+        kept = _in_nucleus(key, index, cut, tie_end, first)
         t = u.to(tl.float64) * tl.sum(tl.where(kept, e, 0.0).to(tl.float64), 0)
-        c = _largest(key, index, e, zero, zero + vocab, t, cut, tie_end, first, KEPT_BELOW)
+        c = _list_largest(key, index, e, zero, zero + vocab, t, cut, tie_end, first, KEPT_BELOW)
         last = tl.max(tl.where(kept & (e > 0), index, -1), 0).to(tl.int64)
         token = tl.where(c < vocab, c, last)
     return token

@@ -22,3 +22,29 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills():
     assert len(lines) == 27, lines  # 3 logits dtypes x (6 verify + 3 sample_rows) variants
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
+
+
+def test_jit_helpers_and_constexpr_globals_have_one_meaning_per_name():
+    """AOTInductor (the CUDA delegate's compiler) copies each kernel and the @triton.jit
+    helpers and constexpr globals it uses into one source file, by name: two helpers of one
+    name in different kernel modules collide there (seen on the H200: nucleus' and
+    sampling_rule's `_kept`, "missing 5 required positional arguments"), which neither the
+    interpreter nor triton.compile shows."""
+    import importlib
+    import pkgutil
+
+    import triton.language as tl
+
+    from dflash_et import kernels
+
+    helpers, constants = {}, {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"dflash_et.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            fn = getattr(obj, "fn", None)  # JITFunction, or InterpretedFunction under TRITON_INTERPRET=1
+            if callable(fn) and hasattr(obj, "run") and fn.__module__ == module.__name__:
+                assert name not in helpers, f"@triton.jit {name} in {helpers.get(name)} and {module.__name__}"
+                helpers[name] = module.__name__
+            elif isinstance(obj, tl.constexpr):
+                assert constants.setdefault(name, obj.value) == obj.value, f"constexpr {name} has two values"
+    assert len(helpers) > 40, sorted(helpers)  # (the walk found the kernel modules' helpers)
