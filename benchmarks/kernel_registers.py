@@ -112,8 +112,7 @@ def main(argv=None) -> int:
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,
                  BLOCK_O=verify.BLOCK_O), heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
-                          dict(SPLITS=splits, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
-                               STAGES=light.stages),
+                          dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
                           light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             ok &= compile_one(

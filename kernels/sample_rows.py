@@ -6,14 +6,12 @@ Algorithm, three launches (no host synchronisation):
    chunk of a greedy or temperature-only row (`scan_lanes`) and stores its max,
    argmax, finite count and mass. A few rows (sample_rows often has only one per
    owner) still fill the GPU this way. The first program of a top-k / top-p row
-   reads it whole: stats and candidates (`filtered.filtered_pass`), and decides it
-   when the small decision can (`filtered_token(SMALL_ONLY=True)`).
+   reads it whole: stats and candidates (`filtered.filtered_pass`).
 2. `sample_rows_kernel`, light instance, one program per row: combines the chunks;
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
-3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row not
-   decided yet: the token from its candidates, sorted in registers, or the general
-   path (`filtered.filtered_token`).
+3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row: the
+   token from its candidates, sorted in registers (`filtered.filtered_token`).
 
 Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.
@@ -30,13 +28,11 @@ from .filtered import filtered_pass, filtered_token, stats_of
 from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
 from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
-DECIDED = tl.constexpr(-3)  # a filtered row's stats count once chunk_kernel has decided it
-
 
 @triton.jit
-def chunk_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
-                 part_ptr, work_ptr, vocab, chunk, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                 BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
+def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part_ptr, work_ptr, vocab, chunk,
+                 SPLITS: tl.constexpr, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                 STAGES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
@@ -47,15 +43,7 @@ def chunk_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, t
         chunk_stats(row_ptr, vocab, temperature, c, chunk, part_ptr + (row * SPLITS + c) * 4, BLOCK, STAGES)
     elif c == 0:  # a filtered row: one program reads it whole
         work = work_ptr + row * WORK
-        stats = stats_of(work, BUF)
-        filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats, BLOCK, STAGES, BUF)
-        u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
-        token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES,
-                               True)
-        if token != -4:
-            tl.store(out_ptr + row, token)
-            tl.debug_barrier()  # every thread has read the stats before they are marked
-            tl.store(stats, DECIDED)
+        filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES, BUF)
 
 
 @triton.jit
@@ -71,8 +59,8 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
     light = is_light(temperature, top_k, top_p, vocab)
     u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
     if FILTERED:
-        work = work_ptr + row * WORK
-        if (not light) and (tl.load(stats_of(work, BUF)) != DECIDED):
+        if not light:
+            work = work_ptr + row * WORK
             token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
                                    BLOCK, CAP, BUF, STAGES)
             tl.store(out_ptr + row, token)
@@ -93,9 +81,8 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
     parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
     if n > 0:
         wrap_triton(chunk_kernel)[(n, splits)](
-            logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, parts, work, vocab, chunk,
-            SPLITS=splits, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=light.stages,
-            num_warps=light.warps)
+            logits, logits.stride(0), temperature, top_k, top_p, parts, work, vocab, chunk, SPLITS=splits,
+            BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages, num_warps=light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             wrap_triton(sample_rows_kernel)[(n,)](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, parts, vocab,
