@@ -6,11 +6,13 @@ Algorithm, four launches (no host synchronisation between them):
    out as in `export/owners.py`): the HBM pass of every row. Greedy and
    temperature-only rows are decided there (`sampling_rule.decide_light`), without
    searching for the token where "y == draft" can be answered without it; top-k /
-   top-p rows store their stats and candidates (`filtered.filtered_pass`).
+   top-p rows store their stats and candidates (`filtered.filtered_pass`) and are
+   decided there when they have <= 256 candidates (one sort entry per thread).
    Writes (token or -2, match, x_max, mass) to scratch.
 2. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
-   decision of each top-k / top-p row from its candidates (`filtered.filtered_token`;
-   more registers: sorts in registers), so the pass above keeps a high occupancy.
+   decision of each top-k / top-p row left undecided (`filtered.filtered_token`: sorts
+   of up to BUF candidates in registers, the long-list search, the general path), so
+   the pass above keeps its occupancy.
 3. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
    where an owner's first unmatched j (the last row never matches: no draft follows
    it) is a temperature-only row, that row's chunk stats (`launch.split_rows`: 16
