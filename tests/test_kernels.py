@@ -210,11 +210,11 @@ def test_filtered_rows_with_and_without_a_lane_bound():
     assert _check_samples(tied, torch.ops.dflash.sample_rows(*[tied[k] for k in SAMPLE_KEYS])) == 0
 
 
-def _long_list_rows(g, n, vocab, high, lanes):
-    """Rows where `high` tokens sit on four tied values (5.0 .. 6.5) and the rest far below;
-    lane 0 (of `lanes` lanes of 4 fp32 logits, steps of 4 * lanes) holds only 5.0s, so the
-    lowest lane maximum is 5.0 and a top-p row collects exactly the `high` tokens."""
-    logits = torch.full((n, vocab), -30.0)
+def _long_list_rows(g, n, vocab, high, lanes, floor):
+    """Rows where `high` tokens sit on four tied values (5.0 .. 6.5) and the rest at `floor`
+    (below 5.0); lane 0 (of `lanes` lanes of 4 fp32 logits, steps of 4 * lanes) holds only
+    5.0s, so the lowest lane maximum is 5.0 and a top-p row collects exactly the `high` tokens."""
+    logits = torch.full((n, vocab), floor)
     for r in range(n):
         at = torch.randperm(vocab, generator=g)[:high]
         value = 5.0 + 0.5 * torch.randint(0, 4, (high,), generator=g).float()
@@ -226,13 +226,14 @@ def _long_list_rows(g, n, vocab, high, lanes):
 def test_long_top_p_lists_are_decided_by_searches_over_the_list():
     """top-p rows whose candidate list is longer than the register decision's BUF but within
     the list (2 * BUF): `kernels/nucleus.py` decides them from the list (cap 8, block 16:
-    BUF 32, 4 lanes, 40 to 60 candidates). Tied values put the cut inside tie groups (tie
-    rooms, the index search for the room-th tie); top_p = 1 - 1e-13 leaves the list short
-    of the target (the low tokens hold the rest: the general path decides)."""
+    BUF 32, 4 lanes, 41 to 63 candidates). Tied values put the cut inside tie groups (tie
+    rooms, the index search for the room-th tie). In the second half the other tokens (at
+    3.0) hold ~5 % of the mass: at top-p >= 0.97 the list falls short of the target and the
+    general path decides (the list must not)."""
     g = torch.Generator().manual_seed(31)
     n, vocab = 24, 200
-    logits = torch.cat([_long_list_rows(g, n // 2, vocab, 62, 4), _long_list_rows(g, n // 2, vocab, 40, 4)])
-    top_p = torch.tensor([0.05, 0.3, 0.5123, 0.71, 0.9, 0.97, 0.999, 1 - 1e-13, 0.25, 0.61, 0.83, 0.9931])
+    logits = torch.cat([_long_list_rows(g, n // 2, vocab, 62, 4, -30.0), _long_list_rows(g, n // 2, vocab, 40, 4, 3.0)])
+    top_p = torch.tensor([0.05, 0.3, 0.5123, 0.71, 0.9, 0.97, 0.999, 0.99999, 0.25, 0.61, 0.83, 0.9931])
     inp = _to({"logits": logits, "position": torch.arange(n) * 5, "temperature": torch.full((n,), 0.7),
                "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
     assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
