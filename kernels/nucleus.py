@@ -1,12 +1,13 @@
 """A top-p row's token from a long candidate list: the nucleus by searches over the list.
 
 `filtered.filtered_pass` collects every token whose key reaches a bound into the row's
-candidate list (up to 2 * BUF packed entries). Up to BUF of them, the decision sorts them
-in registers (`sampling_rule.decide_filtered`). An LLM row's nucleus can be wider: top-p
-0.9 at T = 0.8 over a Gaussian body with a few boosted tokens reaches ~2400 tokens, and
-~4 rows in 1000 collect 2000-4000 candidates at the second bound (simulated on the
-benchmark's rows). Those rows went to the slow path (key searches with passes over the
-row from HBM by one program: ~650 us, which the whole launch waited for). Here the list is
+candidate list (up to 2 * BUF entries: int32 keys, then int32 indices). Up to BUF of them,
+the decision sorts them in registers (`sampling_rule.decide_filtered`). An LLM row's
+nucleus can be wider: top-p 0.9 at T = 0.8 over a Gaussian body with a few boosted tokens
+reaches ~2400 tokens, and ~4 rows in 1000 collect 2000-4000 candidates at the second bound
+(simulated on the benchmark's rows; on the H200, 2-6 undecided rows per 1024, counts up to
+3518). Those rows went to the slow path (key searches with passes over the row from HBM
+by one program: ~650 us, which the whole launch waited for). Here the list is
 read once into registers (no sort) and SPEC.md's top-p rule runs as searches whose every
 step is PIVOTS masked sums over the list.
 
