@@ -29,6 +29,7 @@ ALIGNED = ("stride", "vocab", "chunk")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only
+CONSTANTS = {}  # --const-vocab
 
 
 def resources(kernel) -> str:
@@ -44,6 +45,7 @@ def resources(kernel) -> str:
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
     if ONLY not in label:
         return True
+    constexprs = {**{k: v for k, v in CONSTANTS.items() if k in fn.arg_names}, **constexprs}
     names = fn.arg_names
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs and not p.has_default]
     if missing:
@@ -84,9 +86,14 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--asm", metavar="DIR", help="also write each variant's TTGIR and PTX there")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the variants whose label holds TEXT")
+    parser.add_argument("--const-vocab", action="store_true",
+                        help="compile with vocab as a constant, as torch's mutation analysis of the kernels does "
+                             "during AOTInductor export (a Python int there: no .to() on it)")
     args = parser.parse_args(argv)
     global ASM_DIR, ONLY
     ASM_DIR, ONLY = args.asm, args.only
+    if args.const_vocab:
+        CONSTANTS["vocab"] = args.vocab
     if ASM_DIR:
         os.makedirs(ASM_DIR, exist_ok=True)
     ok = True

@@ -550,7 +550,10 @@ def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, m
     rank = tl.arange(0, BUF)
     packed = tl.sort(packed, descending=True)
     n_best = tl.minimum(count, want)
-    n_kept_k = tl.minimum(k, finite.to(tl.int64))  # size of the top-k set
+    # (finite may be the kernel's `vocab` argument: torch's mutation analysis of the kernels during
+    # AOTInductor export passes it as a Python int, which has no .to(): that analysis failed on the
+    # H200 and assumed every input mutated)
+    n_kept_k = tl.minimum(k, finite + tl.zeros((), dtype=tl.int64))  # size of the top-k set
     whole_k = n_kept_k <= n_best  # the whole top-k set is among the candidates
     kept = rank < tl.minimum(n_kept_k, n_best)
     e = tl.where(kept, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature), 0.0)

@@ -48,3 +48,15 @@ def test_jit_helpers_and_constexpr_globals_have_one_meaning_per_name():
             elif isinstance(obj, tl.constexpr):
                 assert constants.setdefault(name, obj.value) == obj.value, f"constexpr {name} has two values"
     assert len(helpers) > 40, sorted(helpers)  # (the walk found the kernel modules' helpers)
+
+
+def test_kernels_compile_with_vocab_as_a_constant():
+    """During AOTInductor export torch analyses each kernel for the tensors it mutates and
+    compiles it with the static ints, V among them, as Python constants. A helper that
+    calls .to() on V fails there (seen on the H200: "'int' object has no attribute 'to'"),
+    and torch then assumes every input is mutated (copies of the logits). bfloat16 variants."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
+                          "--only", "bf16"], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert len([x for x in run.stdout.splitlines() if "REG:" in x]) == 9, run.stdout
