@@ -17,7 +17,7 @@ the kept set K lies inside it:
 
 1. cut = the largest key c with mass(key >= c) >= target, so above = mass(key > cut) is
    below the target; the m-th tied token at the cut (by index) is kept iff
-   above + m * e_cut < target: the first `room` ties (as `sampling_rule._slow_rules`).
+   above + m * e_cut < target: the first `room` ties (`sampling_rule.tie_room`).
 2. When the ties outnumber the room, the kept ties are those up to the room-th tie's
    index (a search over indices for it).
 3. Step 7: t = u * S_K; the largest c with mass(K, index < c) <= t is the smallest v in K
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .common import key_value, weight
-from .sampling_rule import PIVOTS
+from .sampling_rule import KEY_OFFSET, PIVOTS, key_weight, tie_room
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
 TIES_BELOW = tl.constexpr(1)  # the number of entries tied at the cut with index < pivot
@@ -97,10 +97,7 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
         lo = tl.min(tl.where(live, key, 2147483647), 0).to(tl.int64)
         cut = _list_largest(key, index, e, lo, tl.max(key, 0).to(tl.int64), target, zero, zero, zero, MASS_AT_KEYS)
         above = tl.sum(tl.where(key > cut, e, 0.0).to(tl.float64), 0)
-        e_cut = weight(key_value(cut.to(tl.int32)), x_max, temperature).to(tl.float64)
-        room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
-        room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
-        room = tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
+        room = tie_room(target, above, key_weight(cut + KEY_OFFSET, x_max, temperature), vocab)
         tie_end = zero + vocab
         if room < tl.sum((key == cut).to(tl.int64), 0):  # the room-th tie's index bounds the kept ties
             tie_end = tl.where(room > 0, _list_largest(key, index, e, zero, zero + vocab, (room - 1).to(tl.float64),

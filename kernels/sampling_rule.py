@@ -457,6 +457,15 @@ def key_weight(key, x_max, temperature):
 
 
 @triton.jit
+def tie_room(target, above, e_cut, vocab):
+    """How many tied tokens at a top-p cut stay: they share the weight e_cut, and the m-th
+    (by index) stays iff above + m * e_cut < target, `above` being the mass above the cut."""
+    room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
+    room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
+    return tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
+
+
+@triton.jit
 def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all, BLOCK: tl.constexpr):
     """Cut rules of top-k and top-p by a search over keys (the kept set reaches past the
     candidates). Every pass counts or sums the tokens above a key, with no tie rule: the
@@ -482,11 +491,7 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass
         # key up to cut_k has the whole top-k set above it).
         cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, target, False, BLOCK)
         above = _total_above(row_ptr, vocab, x_max, temperature, cut_p, False, BLOCK)
-        # Tied tokens at the cut share e_cut: the m-th stays iff above + m * e_cut < target.
-        e_cut = key_weight(cut_p, x_max, temperature)
-        room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
-        room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
-        room_p = tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
+        room_p = tie_room(target, above, key_weight(cut_p, x_max, temperature), vocab)
     return cut_k, room_k, cut_p, room_p
 
 
