@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dflash_et.kernels import sample_rows, verify
-from dflash_et.kernels.launch import launch_config, scratch_width, split_rows
+from dflash_et.kernels.launch import decide_config, launch_config, scratch_width, split_rows
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk")
@@ -40,6 +40,14 @@ def resources(kernel) -> str:
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     fields = dict(f.split(":", 1) for f in next(x for x in out.splitlines() if "REG" in x).split() if ":" in f)
     return " ".join(f"{k}:{fields.get(k, '?')}" for k in ("REG", "STACK", "LOCAL"))
+
+
+def sass(kernel) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
 
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
@@ -78,13 +86,15 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
         for kind in ("ttgir", "ptx"):
             with open(os.path.join(ASM_DIR, f"{name}.{kind}"), "w") as f:
                 f.write(kernel.asm[kind])
+        with open(os.path.join(ASM_DIR, f"{name}.sass"), "w") as f:
+            f.write(sass(kernel))
     return True
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--asm", metavar="DIR", help="also write each variant's TTGIR and PTX there")
+    parser.add_argument("--asm", metavar="DIR", help="also write each variant's TTGIR, PTX and SASS there")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the variants whose label holds TEXT")
     parser.add_argument("--const-vocab", action="store_true",
                         help="compile with vocab as a constant, as torch's mutation analysis of the kernels does "
@@ -101,19 +111,23 @@ def main(argv=None) -> int:
         light, heavy = launch_config(args.vocab, itemsize=itemsize)
         work = scratch_width(heavy.buf)
         _, splits = split_rows(args.vocab, light.block)
+        decide = decide_config(args.vocab, itemsize=itemsize)
+        for greedy, filtered in ((False, False), (True, False), (False, True)):
+            cfg = light if filtered else decide
+            ok &= compile_one(
+                f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
+                dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
+                     STAGES=cfg.stages, BLOCK_O=verify.BLOCK_O), cfg.warps, greedy)
+        _, verify_splits = split_rows(args.vocab, decide.block)
         for greedy in (False, True):
             ok &= compile_one(
-                f"verify_rows {logits} greedy={greedy}", verify.verify_rows_kernel, logits,
-                dict(GREEDY=greedy, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
-                     STAGES=light.stages, BLOCK_O=verify.BLOCK_O), light.warps, greedy)
-            ok &= compile_one(
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
-                dict(GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf, WORK=work, SPLITS=splits,
-                     BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), light.warps, greedy)
+                dict(GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf, WORK=work, SPLITS=verify_splits,
+                     BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), decide.warps, greedy)
         ok &= compile_one(
             f"verify_chunks {logits}", verify.verify_chunks_kernel, logits,
-            dict(BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages, BLOCK_O=verify.BLOCK_O,
-                 BLOCK_J=verify.BLOCK_J), light.warps)
+            dict(BLOCK=decide.block, BUF=heavy.buf, WORK=work, STAGES=decide.stages, BLOCK_O=verify.BLOCK_O,
+                 BLOCK_J=verify.BLOCK_J), decide.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,

@@ -111,15 +111,23 @@ def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr
 
 @triton.jit
 def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr):
-    """The (owner, j) pair at `slot`: (used, owner, j, packed row, rows of the owner)."""
+    """The (owner, j) pair at `slot`: (used, owner, j, packed row, rows of the owner). One walk
+    over the owners: the owner whose slots [end - n, end) hold `slot` (at most one: the slot
+    ranges of the owners with rows are disjoint, those of the others empty)."""
     carry = tl.zeros((), dtype=tl.int64)
-    count = tl.zeros((), dtype=tl.int64)  # owners ending at or before the slot
+    owner = tl.zeros((), dtype=tl.int64)
+    end = tl.zeros((), dtype=tl.int64)
+    n_own = tl.zeros((), dtype=tl.int64)
+    a_own = tl.zeros((), dtype=tl.int64)
     for base in range(0, num_owners, BLOCK_O):
         o, live, a, n, ends = _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O)
-        count += tl.sum((live & (ends <= slot)).to(tl.int64))
+        mine = live & (ends - n <= slot) & (slot < ends)
+        owner += tl.sum(tl.where(mine, o, 0))
+        end += tl.sum(tl.where(mine, ends, 0))
+        n_own += tl.sum(tl.where(mine, n, 0))
+        a_own += tl.sum(tl.where(mine, a, 0))
         carry += tl.sum(n)
-    owner = tl.minimum(count, num_owners - 1)
-    start, rows, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
-    j = slot - start
-    used = (count < num_owners) & (j < rows)
-    return used, owner, j, tl.where(used, first_row + j, 0), rows
+    rows = tl.where(end <= num_rows, n_own, 0)  # (not admitted: its slots end past num_rows)
+    j = slot - (end - n_own)
+    used = (n_own > 0) & (j < rows)
+    return used, owner, j, tl.where(used, a_own + j, 0), rows

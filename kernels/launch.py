@@ -13,6 +13,7 @@ from .filtered import HOT_WORDS, RESULTS, STATS
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
+DECIDE_BYTES = 4096  # the same for dflash_verify's launch that decides greedy / temperature-only rows
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
 WORK_SLOTS = HOT_WORDS.value + RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
@@ -38,10 +39,11 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     `cap` overrides the filtered instance's, `block` both instances' (tests force buffer
     shrinks, and many online-max steps per row, with them).
 
-    The light config reads every row once (greedy and temperature-only rows, and the pass
-    of top-k / top-p rows): 8 KB steps (bytes, not logits: float32 steps of 4096 took 174
-    registers), per-lane accumulators (`lane_stats`: 2 lanes per thread at 8 warps), about
-    106 registers on sm_90 (80 greedy), so 2 programs per SM (3 greedy). The whole steps
+    The light config reads a row once: the pass of top-k / top-p rows (dflash_verify's
+    FILTERED row launch: 128 registers on sm_90, 2 programs per SM; `decide_config` for its
+    greedy and temperature-only rows) and `sample_rows`' chunks: 8 KB steps (bytes, not
+    logits: float32 steps of 4096 took 174 registers), per-lane accumulators (`lane_stats`:
+    2 lanes per thread at 8 warps). The whole steps
     load without a mask, which keeps the pipeline's registers flat in its depth: 5 stages
     keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above the
     ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (masked,
@@ -59,6 +61,23 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     buf = triton.next_power_of_2(cap + block)
     heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)
     return light, heavy
+
+
+def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
+    """The config of `dflash_verify`'s first row launch, which decides greedy and
+    temperature-only rows (top-k / top-p rows it only marks for the FILTERED launch), and of
+    its chunk and accept launches: 4 KB steps, 4 warps, 5 stages. Registers on sm_90, bf16:
+    89 (temperature; 5 programs, 20 warps per SM), 48 greedy; the FILTERED path in the same
+    launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
+    151936, bf16; us of the row launches): with one launch for every row, 4 KB / 4 warps
+    against the light 8 KB / 8 warps took the temperature pass 121.9 -> 100.5 us (programs
+    wait at their barriers for 4 warps, not 8); split off, 4 KB / 4 warps 100.3 us, 3 stages
+    103.8, 2 KB / 2 warps 112.4, 8 KB / 8 warps 123.5; then with the smaller layout walk
+    (BLOCK_O 256): 94.9 us (the empty FILTERED launch included), greedy 75.3 us. `block` as
+    in `launch_config`."""
+    pow2 = max(16, triton.next_power_of_2(vocab))
+    block = min(DECIDE_BYTES // itemsize, pow2) if block is None else max(16, block)
+    return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 
 
 SPLITS = 16  # chunks per row of the split light pass (at most)

@@ -1,23 +1,28 @@
 """`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
 
-Algorithm, four launches (no host synchronisation between them):
+Algorithm, five launches (no host synchronisation between them):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
-   out as in `export/owners.py`): the HBM pass of every row. Greedy and
-   temperature-only rows are decided there (`sampling_rule.decide_light`), without
-   searching for the token where "y == draft" can be answered without it; top-k /
-   top-p rows store their stats and candidates (`filtered.filtered_pass`) and are
-   decided there when they have <= 256 candidates (one sort entry per thread).
-   Writes (token or -2, match, x_max, mass) to scratch.
-2. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
+   out as in `export/owners.py`; `launch.decide_config`: 4 KB steps, 4 warps): walks the
+   owner layout; greedy and temperature-only rows are decided in their HBM pass
+   (`sampling_rule.decide_light`), without searching for the token where "y == draft"
+   can be answered without it. Writes (token or -2, match, x_max, mass) to scratch; a
+   top-k / top-p row gets a mark with its (owner, j) pair, an unused slot its own mark.
+2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op; 8 KB steps,
+   8 warps), on the marked rows: their stats and candidates (`filtered.filtered_pass`),
+   decided there when they have <= 256 candidates (one sort entry per thread). Two
+   instances because the filtered path's registers (128) capped the light rows' pass at
+   16 warps per SM (alone: 89 registers, 20 warps; greedy 48), and it reads the marked
+   rows' pairs instead of walking the layout again.
+3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: sorts
    of up to BUF candidates in registers, the long-list search, the general path), so
    the pass above keeps its occupancy.
-3. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
+4. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
    where an owner's first unmatched j (the last row never matches: no draft follows
    it) is a temperature-only row, that row's chunk stats (`launch.split_rows`: 16
    chunks at most), so that many programs share the one search per owner.
-4. `verify_accept_kernel`, one program per owner: the first unmatched j, then y
+5. `verify_accept_kernel`, one program per owner: the first unmatched j, then y
    there: a temperature-only row searches only the chunk where the prefix mass
    crosses t (`sampling_rule.light_token_from_chunks`).
 
@@ -35,58 +40,97 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
+from .launch import check_inputs, check_length, decide_config, launch_config, scratch_width, split_rows
 from .filtered import RESULTS, STATS, filtered_pass, filtered_token, results_of, stats_of
 from .sampling_rule import chunk_stats, decide_light, is_light, light_token_from_chunks, valid_draft
 
-BLOCK_O = 1024  # owners per step of the layout loops
+BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
+PASS_ROW = tl.constexpr(-6)  # token mark of a top-k / top-p row until the FILTERED row launch reads it
+UNUSED_SLOT = tl.constexpr(-7)  # token mark of a slot that holds no admitted (owner, j) pair
 FILTERED_ROW = tl.constexpr(-5)  # token mark of a top-k / top-p row until verify_filtered_kernel decides it
 
 
 @triton.jit
-def _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners, BLOCK_O: tl.constexpr):
-    """This program's pair slot: (used, owner, j, row pointer, draft: the next row's token, -1 after the last)."""
+def _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O: tl.constexpr):
+    """This program's pair slot: (used, owner, j, packed row, draft: the next row's token, -1 after the last)."""
     slot = tl.program_id(0).to(tl.int64)
     used, owner, j, row, n = pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O)
     draft = tl.load(tokens_ptr + tl.minimum(row + 1, num_rows - 1))
-    return used, owner, j, logits_ptr + row * stride, tl.where(j < n - 1, draft, -1)
+    return used, owner, j, row, tl.where(j < n - 1, draft, -1)
 
 
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                       BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
-    used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows, num_owners,
-                                               BLOCK_O)
+                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
+                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                       STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+    """The HBM pass of every row, in two launches of this kernel (two compiled instances, each
+    with the registers of its own path). FILTERED=False walks the owner layout for every slot,
+    decides greedy and temperature-only rows, marks top-k / top-p rows PASS_ROW with their pair
+    (`store_pair`) and every unused slot UNUSED_SLOT (so that no mark is stale: the scratch is
+    not cleared between calls). FILTERED=True takes only the marked rows (the others exit after
+    one load): `filtered_pass`, then the small decision."""
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates, hot lanes, results, stats
     results = results_of(work, BUF)
-    if used:
-        if GREEDY:
+    if FILTERED:
+        if tl.load(results) == PASS_ROW:
+            owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
+            _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
+                          tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
+                          results, BLOCK, CAP, BUF, STAGES)
+    else:
+        used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
+        row_ptr = logits_ptr + row * stride
+        if not used:
+            tl.store(results, UNUSED_SLOT)
+        elif GREEDY:
             zero = tl.zeros((), dtype=tl.int64)
             token, match, x_max, mass = decide_light(row_ptr, vocab, zero.to(tl.float32), zero, zero, draft,
                                                      BLOCK, STAGES)
             store_results(results, token, match, x_max, mass)
         else:
             temperature = tl.load(temperature_ptr + owner)
-            top_k = tl.load(top_k_ptr + owner)
-            top_p = tl.load(top_p_ptr + owner)
-            if is_light(temperature, top_k, top_p, vocab):
+            if is_light(temperature, tl.load(top_k_ptr + owner), tl.load(top_p_ptr + owner), vocab):
                 position = tl.load(start_position_ptr + owner) + j + 1
                 token, match, x_max, mass = decide_light(row_ptr, vocab, temperature, tl.load(seed_ptr + owner),
                                                          position, draft, BLOCK, STAGES)
                 store_results(results, token, match, x_max, mass)
             else:
-                filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES,
-                              BUF)
-                u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-                token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
-                                       BLOCK, CAP, BUF, STAGES, True)
-                if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
-                    tl.store(results, FILTERED_ROW)
-                else:
-                    store_filtered(results, token, draft, vocab)
+                store_pair(results, owner, j, row, draft)
+
+
+@triton.jit
+def store_pair(results, owner, j, row, draft):
+    """A top-k / top-p row's mark for the FILTERED row launch, with what it needs of the layout
+    walk: (PASS_ROW, owner << 32 | j, packed row, draft) (owner and j < 2^31)."""
+    tl.store(results, PASS_ROW)
+    tl.store(results + 1, owner * 4294967296 + j)
+    tl.store(results + 2, row)
+    tl.store(results + 3, draft)
+
+
+@triton.jit
+def stored_pair(results, logits_ptr, stride):
+    """`store_pair`'s (owner, j, row pointer, draft)."""
+    pair = tl.load(results + 1)
+    return pair // 4294967296, pair % 4294967296, logits_ptr + tl.load(results + 2) * stride, tl.load(results + 3)
+
+
+@triton.jit
+def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
+                  BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+    """A top-k / top-p row's pass (stats and candidates), then its decision when it has <= 256
+    candidates; else the mark for verify_filtered_kernel (results 1..3 keep `store_pair`'s)."""
+    filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES, BUF)
+    u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
+    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK, CAP,
+                           BUF, STAGES, True)
+    if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
+        tl.store(results, FILTERED_ROW)
+    else:
+        store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -94,20 +138,19 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
                            temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                            num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
                            BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+    """The decision of each row the FILTERED row launch marked FILTERED_ROW; the other
+    programs exit after one load."""
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
-    # Only slots that verify_rows_kernel marked (or a stale mark in an unused slot: `used`
-    # rules those out) walk the owner layout; the others exit at once.
-    if tl.load(results_of(work, BUF)) == FILTERED_ROW:
-        used, owner, j, row_ptr, draft = _slot_row(offsets_ptr, tokens_ptr, logits_ptr, stride, num_rows,
-                                                   num_owners, BLOCK_O)
+    results = results_of(work, BUF)
+    if tl.load(results) == FILTERED_ROW:
+        owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
         temperature = tl.load(temperature_ptr + owner)
         top_k = tl.load(top_k_ptr + owner)
         top_p = tl.load(top_p_ptr + owner)
-        if used & ~is_light(temperature, top_k, top_p, vocab):
-            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
-                                   CAP, BUF, STAGES)
-            store_filtered(results_of(work, BUF), token, draft, vocab)
+        u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+        token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
+                               CAP, BUF, STAGES)
+        store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -201,23 +244,27 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     if num_rows > 0 and num_owners > 0:
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
                 seed, work, num_rows, num_owners, vocab)
+        decide = decide_config(vocab, block, logits.element_size())
         wrap_triton(verify_rows_kernel)[(num_rows,)](
-            *args, GREEDY=greedy, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
-            STAGES=light.stages, BLOCK_O=BLOCK_O, num_warps=light.warps)
+            *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+            STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
         if not greedy:
+            wrap_triton(verify_rows_kernel)[(num_rows,)](
+                *args, GREEDY=False, FILTERED=True, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+                STAGES=light.stages, BLOCK_O=BLOCK_O, num_warps=light.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
                 BLOCK_O=BLOCK_O, num_warps=heavy.warps)
-        chunk, splits = split_rows(vocab, light.block)
+        chunk, splits = split_rows(vocab, decide.block)
         if not greedy:
             wrap_triton(verify_chunks_kernel)[(num_owners, splits)](
                 logits, logits.stride(0), offsets, temperature, work, num_rows, num_owners, vocab, chunk,
-                BLOCK=light.block, BUF=heavy.buf, WORK=width, STAGES=light.stages, BLOCK_O=BLOCK_O,
-                BLOCK_J=BLOCK_J, num_warps=light.warps)
+                BLOCK=decide.block, BUF=heavy.buf, WORK=width, STAGES=decide.stages, BLOCK_O=BLOCK_O,
+                BLOCK_J=BLOCK_J, num_warps=decide.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
-            next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=light.block, BUF=heavy.buf,
-            WORK=width, SPLITS=splits, BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=light.warps)
+            next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,
+            WORK=width, SPLITS=splits, BLOCK_O=BLOCK_O, BLOCK_J=BLOCK_J, num_warps=decide.warps)
     else:
         accepted.zero_()
         next_token.fill_(-1)

@@ -11,7 +11,9 @@ from conftest import DEVICE
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
+from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
+from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
 VERIFY_KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
@@ -120,6 +122,43 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
         for key in ("temperature", "top_k", "top_p", "seed"):
             sample[key] = inp[key][owner_of_row]
         _check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
+
+
+@pytest.mark.parametrize("mark", [verify_kernel.PASS_ROW.value, verify_kernel.FILTERED_ROW.value])
+def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
+    """The scratch is never cleared (a CUDA graph replays into the same memory), and the
+    launches after the first trust its marks (they read a marked row's pair from there, out of
+    bounds for a stale one). So the first launch writes every slot's results word: here every
+    int64 scratch starts full of one mark; after the call, every slot that holds no pair reads
+    UNUSED_SLOT and the tokens are the reference's."""
+    real_empty = torch.empty
+    scratch = []
+
+    def poisoned(*size, **kw):
+        t = real_empty(*size, **kw)
+        if t.dim() == 2 and t.dtype == torch.int64:
+            scratch.append(t.fill_(mark))
+        return t
+
+    g = torch.Generator().manual_seed(41)
+    unused = 0
+    for _ in range(6):
+        inp = _to(cases.verify_case(g, 40, 40, 8, torch.float32))
+        owners = inp["offsets"].shape[0] - 1
+        inp["top_k"] = torch.full((owners,), 5, dtype=torch.int64, device=DEVICE)  # filtered rows too
+        scratch.clear()
+        with monkeypatch.context() as m:
+            m.setattr(verify_kernel.torch, "empty", poisoned)
+            got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS])
+        _check_verify(inp, got)
+        (work,) = scratch
+        heavy = verify_kernel.launch_config(40)[1]
+        first_word = work[:, 2 * heavy.buf + HOT_WORDS.value].cpu()  # `filtered.results_of`
+        used = owners_layout.pack_pairs(inp["offsets"].cpu(), inp["logits"].shape[0]).used
+        assert bool((first_word[~used] == verify_kernel.UNUSED_SLOT.value).all()), first_word.tolist()
+        assert not bool((first_word[used] == mark).any()), first_word.tolist()
+        unused += int((~used).sum())
+    assert unused > 0  # the cases had slots that hold no pair
 
 
 def test_verify_argmax_matches_reference():
