@@ -161,6 +161,30 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
     assert unused > 0  # the cases had slots that hold no pair
 
 
+def test_verify_with_more_owners_than_one_layout_step():
+    """The owner-layout walk goes BLOCK_O owners per step, carrying the slot count: 300
+    owners of 0-2 rows (two steps), with a decreasing offset (an invalid owner, and owners
+    after it whose pairs end past R: not admitted) and a range past R."""
+    assert verify_kernel.BLOCK_O < 300
+    g = torch.Generator().manual_seed(29)
+    vocab, owners = 16, 300
+    for case in range(2):
+        n = torch.randint(0, 3, (owners,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)])
+        num_rows = int(offsets[-1]) + 2
+        if case == 1:
+            offsets[270] -= 3  # owner 269 invalid, owner 270 overlaps owner 268: the slots run out
+            offsets[150] = num_rows + 5  # owners 149 and 150 invalid
+        inp = {"logits": cases.logits(g, num_rows, vocab, torch.float32),
+               "tokens": torch.randint(0, vocab, (num_rows,), generator=g), "offsets": offsets,
+               **cases.owner_params(g, owners, vocab)}
+        inp = _to(inp)
+        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
+        _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+        if case == 1:  # (the case holds what it says: owners with rows that are not admitted)
+            assert bool(((n[271:] > 0) & (owners_layout.pack_pairs(offsets, num_rows).rows[271:] == 0)).any())
+
+
 def test_verify_argmax_matches_reference():
     g = torch.Generator().manual_seed(7)
     for dtype in (torch.float32, torch.bfloat16):
