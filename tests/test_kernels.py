@@ -163,18 +163,18 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
 
 def test_verify_with_more_owners_than_one_layout_step():
     """The owner-layout walk goes BLOCK_O owners per step, carrying the slot count: 300
-    owners of 0-2 rows (two steps), with a decreasing offset (an invalid owner, and owners
-    after it whose pairs end past R: not admitted) and a range past R."""
+    owners of 0-2 rows (two steps); then a decreasing offset (an invalid owner, and owners
+    near the end whose pairs end past R: not admitted) and a range past R."""
     assert verify_kernel.BLOCK_O < 300
     g = torch.Generator().manual_seed(29)
     vocab, owners = 16, 300
     for case in range(2):
         n = torch.randint(0, 3, (owners,), generator=g)
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)])
-        num_rows = int(offsets[-1]) + 2
-        if case == 1:
-            offsets[270] -= 3  # owner 269 invalid, owner 270 overlaps owner 268: the slots run out
-            offsets[150] = num_rows + 5  # owners 149 and 150 invalid
+        num_rows = int(offsets[-1]) + 2 * (1 - case)  # case 0: two unused slots
+        if case == 1:  # owner 269 invalid, owner 270 takes 6 rows more: the slots run out
+            offsets[270] -= 6
+            offsets[-1] = num_rows + 1  # the last owner's range ends past R: invalid
         inp = {"logits": cases.logits(g, num_rows, vocab, torch.float32),
                "tokens": torch.randint(0, vocab, (num_rows,), generator=g), "offsets": offsets,
                **cases.owner_params(g, owners, vocab)}
