@@ -90,30 +90,11 @@ def _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O: tl.con
 
 
 @triton.jit
-def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr):
-    """(start slot, admitted rows, first packed row) of `owner` (see export/owners.py):
-    valid owners' rows laid out owner after owner; an owner whose slots end past
-    `num_rows` is not admitted (0 rows)."""
-    carry = tl.zeros((), dtype=tl.int64)
-    end = tl.zeros((), dtype=tl.int64)
-    n_own = tl.zeros((), dtype=tl.int64)
-    a_own = tl.zeros((), dtype=tl.int64)
-    for base in range(0, num_owners, BLOCK_O):
-        o, live, a, n, ends = _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O)
-        mine = o == owner
-        end += tl.sum(tl.where(mine, ends, 0))
-        n_own += tl.sum(tl.where(mine, n, 0))
-        a_own += tl.sum(tl.where(mine, a, 0))
-        carry += tl.sum(n)
-    admitted = tl.where(end <= num_rows, n_own, 0)
-    return end - n_own, admitted, a_own
-
-
-@triton.jit
-def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr):
-    """The (owner, j) pair at `slot`: (used, owner, j, packed row, rows of the owner). One walk
-    over the owners: the owner whose slots [end - n, end) hold `slot` (at most one: the slot
-    ranges of the owners with rows are disjoint, those of the others empty)."""
+def _find_owner(offsets_ptr, num_owners, num_rows, key, BY_SLOT: tl.constexpr, BLOCK_O: tl.constexpr):
+    """One walk over the owners for the owner `key` (BY_SLOT: the owner whose slots
+    [end - n, end) hold slot `key`; at most one, as the slot ranges of the owners with rows
+    are disjoint and those of the others empty): (owner, start slot, admitted rows, first
+    packed row); all 0 when no owner holds the slot."""
     carry = tl.zeros((), dtype=tl.int64)
     owner = tl.zeros((), dtype=tl.int64)
     end = tl.zeros((), dtype=tl.int64)
@@ -121,13 +102,33 @@ def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr)
     a_own = tl.zeros((), dtype=tl.int64)
     for base in range(0, num_owners, BLOCK_O):
         o, live, a, n, ends = _owner_block(offsets_ptr, base, num_owners, num_rows, carry, BLOCK_O)
-        mine = live & (ends - n <= slot) & (slot < ends)
-        owner += tl.sum(tl.where(mine, o, 0))
+        if BY_SLOT:
+            mine = live & (ends - n <= key) & (key < ends)
+            owner += tl.sum(tl.where(mine, o, 0))
+        else:
+            mine = o == key
         end += tl.sum(tl.where(mine, ends, 0))
         n_own += tl.sum(tl.where(mine, n, 0))
         a_own += tl.sum(tl.where(mine, a, 0))
         carry += tl.sum(n)
-    rows = tl.where(end <= num_rows, n_own, 0)  # (not admitted: its slots end past num_rows)
-    j = slot - (end - n_own)
-    used = (n_own > 0) & (j < rows)
-    return used, owner, j, tl.where(used, a_own + j, 0), rows
+    admitted = tl.where(end <= num_rows, n_own, 0)  # (not admitted: its slots end past num_rows)
+    return owner, end - n_own, admitted, a_own
+
+
+@triton.jit
+def owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O: tl.constexpr):
+    """(start slot, admitted rows, first packed row) of `owner` (see export/owners.py):
+    valid owners' rows laid out owner after owner; an owner whose slots end past
+    `num_rows` is not admitted (0 rows)."""
+    _, start, rows, first_row = _find_owner(offsets_ptr, num_owners, num_rows, owner, False, BLOCK_O)
+    return start, rows, first_row
+
+
+@triton.jit
+def pair_of_slot(offsets_ptr, num_owners, num_rows, slot, BLOCK_O: tl.constexpr):
+    """The (owner, j) pair at `slot`: (used, owner, j, packed row, rows of the owner), from
+    one walk over the owners."""
+    owner, start, rows, first_row = _find_owner(offsets_ptr, num_owners, num_rows, slot, True, BLOCK_O)
+    j = slot - start  # (>= 0; when no owner holds the slot, start and rows are 0)
+    used = j < rows
+    return used, owner, j, tl.where(used, first_row + j, 0), rows
