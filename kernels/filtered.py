@@ -45,7 +45,7 @@ import triton.language as tl
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
 from .nucleus import nucleus_token
 from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, combine_lanes, decide_filtered, filters,
-                            key_weight, lane_stats, scan_row)
+                            key_weight, lane_stats, pack_key, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -131,7 +131,7 @@ def listed(buf_ptr, count, BUF: tl.constexpr, N: tl.constexpr):
     tl.debug_barrier()  # (after a collect by this program: written by other threads)
     key = tl.load(keys_of(buf_ptr) + i, mask=i < count, other=0)
     index = tl.load(keys_of(buf_ptr) + 2 * BUF + i, mask=i < count, other=0)
-    return tl.where(i < count, (key.to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64)), INT64_MIN)
+    return tl.where(i < count, pack_key(key, index), INT64_MIN)
 
 
 @triton.jit

@@ -57,7 +57,13 @@ def load_row(row_ptr, offs, vocab):
 @triton.jit
 def pack(x, offs):
     """(signed key << 32) | ~index: descending order is SPEC.md's order."""
-    return (ordered_key(x).to(tl.int64) << 32) | (0xFFFFFFFF - offs.to(tl.int64))
+    return pack_key(ordered_key(x), offs)
+
+
+@triton.jit
+def pack_key(key, index):
+    """`pack` of an int32 `ordered_key`."""
+    return (key.to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64))
 
 
 @triton.jit
