@@ -32,22 +32,19 @@ ONLY = ""  # --only
 CONSTANTS = {}  # --const-vocab
 
 
-def resources(kernel) -> str:
+def cuobjdump(kernel, flag: str) -> str:
+    """Triton's bundled `cuobjdump FLAG` of the kernel's cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
+
+
+def resources(kernel) -> str:
+    out = cuobjdump(kernel, "-res-usage")
     fields = dict(f.split(":", 1) for f in next(x for x in out.splitlines() if "REG" in x).split() if ":" in f)
     return " ".join(f"{k}:{fields.get(k, '?')}" for k in ("REG", "STACK", "LOCAL"))
-
-
-def sass(kernel) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
 
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
@@ -87,7 +84,7 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
             with open(os.path.join(ASM_DIR, f"{name}.{kind}"), "w") as f:
                 f.write(kernel.asm[kind])
         with open(os.path.join(ASM_DIR, f"{name}.sass"), "w") as f:
-            f.write(sass(kernel))
+            f.write(cuobjdump(kernel, "-sass"))
     return True
 
 
@@ -130,8 +127,8 @@ def main(argv=None) -> int:
                  BLOCK_J=verify.BLOCK_J), decide.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
-            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages,
-                 BLOCK_O=verify.BLOCK_O), heavy.warps)
+            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages),
+            heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
                           light.warps)

@@ -137,9 +137,10 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                            temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                            num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
     """The decision of each row the FILTERED row launch marked FILTERED_ROW; the other
-    programs exit after one load."""
+    programs exit after one load. (The layout arguments, shared with the row launches, go
+    unread: the mark's pair has the row.)"""
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
     results = results_of(work, BUF)
     if tl.load(results) == FILTERED_ROW:
@@ -254,7 +255,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 STAGES=light.stages, BLOCK_O=BLOCK_O, num_warps=light.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
-                BLOCK_O=BLOCK_O, num_warps=heavy.warps)
+                num_warps=heavy.warps)
         chunk, splits = split_rows(vocab, decide.block)
         if not greedy:
             wrap_triton(verify_chunks_kernel)[(num_owners, splits)](
