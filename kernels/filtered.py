@@ -187,20 +187,72 @@ def _candidate_mass(buf_ptr, count, x_max, temperature):
 @triton.jit
 def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                   STAGES: tl.constexpr, BUF: tl.constexpr):
-    """The HBM work of a filtered row: stats, bound, candidates. Stores (count or -1 without a
-    bound, x_max, arg, lanes holding a finite logit, mass) at stats_ptr for `filtered_token`
-    (mass 0 for top-k rows: `decide_filtered` never reads it there, and its slow path sums
-    what it needs). A top-p row whose first candidates fall short of the target is collected
-    again at the second, lower bound."""
-    use_k, use_p = filters(top_k, top_p, vocab)
-    # The mass S only for top-p alone: with top-k, S_k is the top-k set's own (from its candidates).
-    # No finite count either (3 instructions per logit): `filtered_token` needs it only on the
-    # general path, and counts there. `finite` here is the number of lanes holding a finite
-    # logit: > 0 iff the row has one.
+    """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
+    lane_max, lane_mass, x_max, arg, finite, mass = filtered_lanes(row_ptr, vocab, temperature, top_k, top_p,
+                                                                   BLOCK, STAGES)
+    bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
+                      buf_ptr, stats_ptr, BLOCK, BUF)
+
+
+@triton.jit
+def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """A filtered row's pass: (lane maxima, lane masses, x_max, arg, lanes holding a finite logit,
+    mass S). The mass only for top-p alone: with top-k, S_k is the top-k set's own (from its
+    candidates), and `decide_filtered` never reads S there (its slow path sums what it needs).
+    No finite count either (3 instructions per logit): `filtered_token` needs it only on the
+    general path, and counts there; `finite` > 0 iff the row has a finite logit.
+    (`verify_rows_kernel` runs the same `lane_stats` in the launch that decides the light rows.)"""
+    use_k, _ = filters(top_k, top_p, vocab)
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
         row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, False, False)
     x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
                                                 vocab, temperature, ~use_k)
+    return lane_max, lane_mass, x_max, arg, finite, mass
+
+
+@triton.jit
+def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass):
+    """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
+    masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
+    words [LANES, 1.5 LANES) (`bound_and_collect` loads them before it overwrites the list),
+    the row's stats in words 1..4 of stats_ptr (`store_stats`' layout)."""
+    LANES: tl.constexpr = lane_max.shape[0]
+    r = tl.arange(0, LANES)
+    tl.store(buf_ptr.to(tl.pointer_type(tl.float64)) + r, lane_mass)
+    tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r, lane_max)
+    store_stats(stats_ptr, tl.zeros((), dtype=tl.int64) - 1, x_max, arg, finite, mass)
+
+
+@triton.jit
+def load_lanes(buf_ptr, stats_ptr, LANES: tl.constexpr):
+    """`store_lanes`' (lane maxima, lane masses, x_max, arg, finite, mass)."""
+    r = tl.arange(0, LANES)
+    lane_mass = tl.load(buf_ptr.to(tl.pointer_type(tl.float64)) + r)
+    lane_max = tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r)
+    x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
+    mass = tl.load(stats_ptr + 4).to(tl.float64, bitcast=True)
+    tl.debug_barrier()  # every thread has loaded before `threshold` and `collect` overwrite the list
+    return lane_max, lane_mass, x_max, tl.load(stats_ptr + 2), tl.load(stats_ptr + 3), mass
+
+
+@triton.jit
+def store_stats(stats_ptr, count, x_max, arg, finite, mass):
+    """A filtered row's stats: (count or -1 without a bound, x_max, arg, lanes holding a finite logit, mass)."""
+    tl.store(stats_ptr, count)
+    tl.store(stats_ptr + 1, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(stats_ptr + 2, arg.to(tl.int64))
+    tl.store(stats_ptr + 3, finite.to(tl.int64))
+    tl.store(stats_ptr + 4, mass.to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
+                      buf_ptr, stats_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """The bound (`threshold`) and the candidates (`collect`) of a filtered row from its pass
+    (`filtered_lanes`, BLOCK its step); stores (count or -1 without a bound, x_max, arg,
+    finite, mass) at stats_ptr for `filtered_token`. A top-p row whose first candidates
+    fall short of the target is collected again at the second, lower bound."""
+    use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
@@ -210,11 +262,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
         if retry:
             retry = _candidate_mass(buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
         theta = tl.where(retry, second, -1)
-    tl.store(stats_ptr, count)
-    tl.store(stats_ptr + 1, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(stats_ptr + 2, arg.to(tl.int64))
-    tl.store(stats_ptr + 3, finite.to(tl.int64))
-    tl.store(stats_ptr + 4, mass.to(tl.int64, bitcast=True))
+    store_stats(stats_ptr, count, x_max, arg, finite, mass)
 
 
 @triton.jit

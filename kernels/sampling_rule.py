@@ -529,13 +529,23 @@ def valid_draft(draft, vocab):
 def decide_light(row_ptr, vocab, temperature, seed, position, draft, BLOCK: tl.constexpr,
                  STAGES: tl.constexpr):
     """The token of a greedy or temperature-only row at `position`, and whether it equals
-    `draft`: one HBM pass (`scan_lanes`). Returns (token, match, x_max, mass): token is -1
-    for a row with no finite logit, -2 for a temperature-only row whose draft does not
-    match: `search_light` with (x_max, mass) finds it later, only where it is needed.
-    Temperature only: y == d iff below_d <= t < below_d + e_d, with t = u * S."""
+    `draft`: one HBM pass (`scan_lanes`), then `light_decision`. Returns (token, match,
+    x_max, mass)."""
     sampling = temperature > 0  # NaN compares false: greedy
     d = valid_draft(draft, vocab)
     x_max, arg, finite, mass, below = scan_lanes(row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES)
+    token, match = light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_max, arg, finite,
+                                  mass, below)
+    return token, match, x_max, mass
+
+
+@triton.jit
+def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_max, arg, finite, mass, below):
+    """(token, match) of a greedy or temperature-only row from its pass (`scan_lanes`, with
+    d = `valid_draft`): token is -1 for a row with no finite logit, -2 for a
+    temperature-only row whose draft does not match: `search_light` with (x_max, mass) finds
+    it later, only where it is needed. Temperature only: y == d iff
+    below_d <= t < below_d + e_d, with t = u * S."""
     token = tl.where(finite > 0, arg.to(tl.int64), -1)
     match = (token == d) & (d >= 0)
     if sampling & (finite > 0):
@@ -545,7 +555,7 @@ def decide_light(row_ptr, vocab, temperature, seed, position, draft, BLOCK: tl.c
         t = u.to(tl.float64) * mass
         match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
         token = tl.where(match, d.to(tl.int64), -2)
-    return token, match, x_max, mass
+    return token, match
 
 
 @triton.jit

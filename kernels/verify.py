@@ -41,8 +41,9 @@ from torch.library import triton_op, wrap_triton
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import check_inputs, check_length, decide_config, launch_config, scratch_width, split_rows
-from .filtered import RESULTS, STATS, filtered_pass, filtered_token, results_of, stats_of
-from .sampling_rule import chunk_stats, decide_light, is_light, light_token_from_chunks, valid_draft
+from .filtered import RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, results_of, stats_of, store_lanes
+from .sampling_rule import (LANE_BITS, chunk_stats, combine_lanes, decide_light, filters, is_light, lane_stats,
+                            light_decision, light_token_from_chunks, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -91,14 +92,34 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
                                                      BLOCK, STAGES)
             store_results(results, token, match, x_max, mass)
         else:
-            temperature = tl.load(temperature_ptr + owner)
-            if is_light(temperature, tl.load(top_k_ptr + owner), tl.load(top_p_ptr + owner), vocab):
-                position = tl.load(start_position_ptr + owner) + j + 1
-                token, match, x_max, mass = decide_light(row_ptr, vocab, temperature, tl.load(seed_ptr + owner),
-                                                         position, draft, BLOCK, STAGES)
-                store_results(results, token, match, x_max, mass)
-            else:
-                store_pair(results, owner, j, row, draft)
+            _decide_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
+                        tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, owner, j, row,
+                        draft, work, results, BLOCK, BUF, STAGES)
+
+
+@triton.jit
+def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, owner, j, row, draft,
+                work, results, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+    """The pass of every row of the sampling op, in one copy of `lane_stats` (registers, code
+    size): a greedy or temperature-only row is decided (`light_decision`); a top-k / top-p row
+    (draft -1: no mass below it; the mass only for top-p alone, as in `filtered_lanes`) keeps
+    its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
+    light = is_light(temperature, top_k, top_p, vocab)
+    use_k, _ = filters(top_k, top_p, vocab)
+    d = tl.where(light, valid_draft(draft, vocab), -1)
+    sampling = tl.where(light, temperature > 0, ~use_k)  # (NaN temperature compares false: greedy)
+    lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(row_ptr, vocab, temperature, d, sampling,
+                                                                         BLOCK, STAGES)
+    x_max, arg, finite, mass, below = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass,
+                                                    lane_below, vocab, temperature, sampling)
+    if light:
+        token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
+                                      tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
+                                      below)
+        store_results(results, token, match, x_max, mass)
+    else:
+        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass)
+        store_pair(results, owner, j, row, draft)
 
 
 @triton.jit
@@ -121,12 +142,17 @@ def stored_pair(results, logits_ptr, stride):
 @triton.jit
 def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
                   BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-    """A top-k / top-p row's pass (stats and candidates), then its decision when it has <= 256
-    candidates; else the mark for verify_filtered_kernel (results 1..3 keep `store_pair`'s)."""
-    filtered_pass(row_ptr, vocab, temperature, top_k, top_p, work, stats_of(work, BUF), BLOCK, STAGES, BUF)
+    """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
+    BLOCK is the pass's step), then its decision when it has <= 256 candidates; else the mark
+    for verify_filtered_kernel (results 1..3 keep `store_pair`'s)."""
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    tl.static_assert(3 * (BLOCK // VEC) <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
+    stats = stats_of(work, BUF)
+    lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
+    bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
+                      work, stats, BLOCK, BUF)
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
-    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK, CAP,
-                           BUF, STAGES, True)
+    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES, True)
     if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
         tl.store(results, FILTERED_ROW)
     else:
@@ -239,7 +265,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     device = logits.device
     accepted = torch.empty(num_owners, dtype=torch.int64, device=device)
     next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
-    light, heavy = launch_config(vocab, cap, block, logits.element_size())
+    _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
     work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
     if num_rows > 0 and num_owners > 0:
@@ -249,10 +275,10 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
         wrap_triton(verify_rows_kernel)[(num_rows,)](
             *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
-        if not greedy:
+        if not greedy:  # (BLOCK: the lane layout of the first launch's pass)
             wrap_triton(verify_rows_kernel)[(num_rows,)](
-                *args, GREEDY=False, FILTERED=True, BLOCK=light.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
-                STAGES=light.stages, BLOCK_O=BLOCK_O, num_warps=light.warps)
+                *args, GREEDY=False, FILTERED=True, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+                STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
                 num_warps=heavy.warps)
