@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dflash_et.kernels import sample_rows, verify
-from dflash_et.kernels.launch import decide_config, launch_config, scratch_width, split_rows
+from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch_config, scratch_width, split_rows
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk")
@@ -109,8 +109,9 @@ def main(argv=None) -> int:
         work = scratch_width(heavy.buf)
         _, splits = split_rows(args.vocab, light.block)
         decide = decide_config(args.vocab, itemsize=itemsize)
+        marked = filtered_rows_config(args.vocab, itemsize=itemsize)
         for greedy, filtered in ((False, False), (True, False), (False, True)):
-            cfg = light if filtered else decide
+            cfg = marked if filtered else decide
             ok &= compile_one(
                 f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
                 dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,

@@ -52,6 +52,7 @@ MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (
 P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest lane maximum
 LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)
 LANE_MASK = tl.constexpr(2047)
+COLLECT_PAIRS = tl.constexpr(256)  # collect's (lane, step) pairs per iteration: one per thread at 8 warps
 HOT_WORDS = tl.constexpr(256)  # int64 words of the hot-lane list (512 int32 lanes: LIGHT_BYTES * 8 / LANE_BITS)
 RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after the candidates and hot lanes
 STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass
@@ -140,10 +141,13 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     (its key and its index, 2 * BUF entries at most); returns their number (more than
     2 * BUF: only that many stored). Only the lanes whose maximum reaches theta
     (`lane_stats`' layout: lane l of step s holds the VEC logits from s * BLOCK + l * VEC)
-    can hold one: the work is their (lane, step) pairs, compacted, LANES / 2 pairs of VEC
-    logits per iteration (for top-k 50, ~50 hot lanes of 512: ~8 iterations instead of a
-    pass of 37 steps that computes on every lane; whole LANES per iteration took 128
-    registers and a stack frame on sm_90)."""
+    can hold one: the work is their (lane, step) pairs, compacted, COLLECT_PAIRS pairs of VEC
+    logits per iteration (for top-k 50, ~50 hot lanes of 256: ~15 iterations instead of a
+    pass of 74 steps that computes on every lane). Launch it with 8 warps: the iterations
+    are latency-bound (a load, then an atomic per candidate), so the pairs per iteration
+    set the time of a top-p row collected at a low bound, which walks its whole row this
+    way (measured on the H200, 4 warps and 128 pairs: ~200 us for that one row; software
+    pipelining of the loop ran slower; 256 pairs at 4 warps took 252 registers)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -155,7 +159,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     tl.store(hot_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, lane, mask=hot)
     tl.atomic_xchg(count_ptr, 0)
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
-    PAIRS: tl.constexpr = LANES // 2  # (lane, step) pairs per iteration (registers: 8 warps hold 2 lanes' logits)
+    PAIRS: tl.constexpr = LANES if LANES < COLLECT_PAIRS else COLLECT_PAIRS  # (lane, step) pairs per iteration
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
     pairs = n_hot * tl.cdiv(vocab, BLOCK)
     per_step = tl.maximum(n_hot, 1)

@@ -4,7 +4,7 @@ Validation looks at shapes, dtypes and devices only: nothing here reads tensor
 data, so the launches stay capturable in a CUDA graph (no host synchronisation).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -78,6 +78,13 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     pow2 = max(16, triton.next_power_of_2(vocab))
     block = min(DECIDE_BYTES // itemsize, pow2) if block is None else max(16, block)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
+
+
+def filtered_rows_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
+    """The config of `dflash_verify`'s FILTERED row launch, which bounds, collects and decides
+    top-k / top-p rows from the lanes the first launch stored: that launch's step (its lane
+    layout) at 8 warps (`filtered.collect`'s pairs per iteration)."""
+    return replace(decide_config(vocab, block, itemsize), warps=8)
 
 
 SPLITS = 16  # chunks per row of the split light pass (at most)

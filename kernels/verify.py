@@ -40,7 +40,8 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import check_inputs, check_length, decide_config, launch_config, scratch_width, split_rows
+from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
+                     split_rows)
 from .filtered import RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, results_of, stats_of, store_lanes
 from .sampling_rule import (LANE_BITS, chunk_stats, combine_lanes, decide_light, filters, is_light, lane_stats,
                             light_decision, light_token_from_chunks, valid_draft)
@@ -275,10 +276,11 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
         wrap_triton(verify_rows_kernel)[(num_rows,)](
             *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
-        if not greedy:  # (BLOCK: the lane layout of the first launch's pass)
+        if not greedy:
+            marked = filtered_rows_config(vocab, block, logits.element_size())
             wrap_triton(verify_rows_kernel)[(num_rows,)](
-                *args, GREEDY=False, FILTERED=True, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
-                STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
+                *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+                STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
                 num_warps=heavy.warps)
