@@ -1,10 +1,12 @@
-"""top-k / top-p rows in two launches: `filtered_pass`, then `filtered_token`.
+"""top-k / top-p rows: their pass (`filtered_lanes`), their bound and candidates
+(`bound_and_collect`), then their token (`filtered_token`).
 
-`filtered_pass` (in the light launch: the same registers and occupancy as the greedy
-and temperature-only rows) reads the row once with per-lane accumulators
+`filtered_lanes` reads the row once with per-lane accumulators
 (`sampling_rule.lane_stats`): max, argmax, whether a logit is finite, the mass S
-(top-p alone), and each lane's maximum. The lane maxima bound the kept set from below,
-with no sort of the row:
+(top-p alone), and each lane's maximum. In `dflash_verify` that pass runs in the launch
+that decides the light rows (its occupancy), which leaves the lanes in scratch
+(`store_lanes`) for the FILTERED launch; `sample_rows` runs both halves in one program
+(`filtered_pass`). The lane maxima bound the kept set from below, with no sort of the row:
 
 - top-k (k <= lanes): the k-th largest lane maximum theta. k lanes hold a token with
   key >= theta, so the k-th best key is >= theta and every top-k token has key >= theta.
@@ -17,10 +19,14 @@ with no sort of the row:
   collected mass falls short, the row is collected again at the true bound. Both are
   taken no higher than the 16th largest lane maximum (fewer second tries). Simulated on
   the benchmark's LLM-like rows (Gaussian body, 24 boosted tokens, V = 151936 bf16,
-  T = 0.8, top-p 0.9; 1024 rows): the lanes' masses reach the target by the 3rd lane
-  maximum in half the rows, the 11th in 99 %; at the 16th, 16 hot lanes on average and
-  7 rows in 1024 collected again (at the 64th, as before: 65 hot lanes, so 4x the
-  collect's work, and 3 rows).
+  T = 0.8, top-p 0.9; 1024 rows, 512 lanes): the lanes' masses reach the target by the
+  3rd lane maximum in half the rows, the 11th in 99 %; at the 16th, 16 hot lanes on
+  average and 7 rows in 1024 collected again (at the 64th, as before: 65 hot lanes, so 4x
+  the collect's work, and 3 rows). A row collected again at a bound no lane maximum
+  reaches (its lanes' maxima never reach the target: a nucleus wide in the body) takes
+  every lane: with 512 lanes (8 KB steps) 2900-4300 candidates (over 2 * BUF: the general
+  path, 623 us on the H200), with 256 (the 4 KB steps of `dflash_verify`'s pass) up to
+  ~2100 (simulated, 2048 rows; 985-1514 seen on the H200).
 
 A second pass appends every finite token with key >= theta to the row's candidate
 buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
@@ -29,8 +35,8 @@ It reads and computes only on the lanes whose maximum reaches theta: their (lane
 pairs, compacted (`collect`).
 
 `filtered_token` sorts the candidates in registers and decides there
-(`sampling_rule.decide_filtered`): up to 256 of them in the row pass itself, right after
-`filtered_pass`; up to BUF in a second launch, one program per row left undecided.
+(`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
+up to BUF in a further launch, one program per row left undecided.
 A top-p row with more than BUF candidates (up to 2 * BUF) is decided from them by
 searches over the list (`nucleus.py`). Rows with no bound (top-k > lanes), more
 candidates than that (ties, flat top-p rows) or a top-p prefix still short of the target
@@ -273,10 +279,10 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
 def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr,
                    BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr,
                    SMALL_ONLY: tl.constexpr = False):
-    """The token of a filtered row (-1 without a finite logit) from `filtered_pass`'s results.
+    """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results.
     SMALL_ONLY: only what the small decision (<= SMALL candidates, a few registers per
-    thread) settles, else -4: the row pass itself decides those rows right after
-    `filtered_pass` (no second launch walks the owner layout and reloads them for it)."""
+    thread) settles, else -4: the launch that collected the candidates decides those rows
+    right after (no further launch reloads them for it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
     tl.debug_barrier()  # (SMALL_ONLY: the stats were stored by other threads of this program)
     count = tl.load(stats_ptr)

@@ -39,9 +39,8 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     `cap` overrides the filtered instance's, `block` both instances' (tests force buffer
     shrinks, and many online-max steps per row, with them).
 
-    The light config reads a row once: the pass of top-k / top-p rows (dflash_verify's
-    FILTERED row launch: 128 registers on sm_90, 2 programs per SM; `decide_config` for its
-    greedy and temperature-only rows) and `sample_rows`' chunks: 8 KB steps (bytes, not
+    The light config reads a row once: `sample_rows`' chunks and its top-k / top-p rows
+    (`dflash_verify` reads every row with `decide_config`): 8 KB steps (bytes, not
     logits: float32 steps of 4096 took 174 registers), per-lane accumulators (`lane_stats`:
     2 lanes per thread at 8 warps). The whole steps
     load without a mask, which keeps the pipeline's registers flat in its depth: 5 stages
@@ -64,10 +63,11 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
 
 
 def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
-    """The config of `dflash_verify`'s first row launch, which decides greedy and
-    temperature-only rows (top-k / top-p rows it only marks for the FILTERED launch), and of
-    its chunk and accept launches: 4 KB steps, 4 warps, 5 stages. Registers on sm_90, bf16:
-    89 (temperature; 5 programs, 20 warps per SM), 48 greedy; the FILTERED path in the same
+    """The config of `dflash_verify`'s first row launch, which reads every row (decides greedy
+    and temperature-only rows, leaves the lanes of top-k / top-p rows for the FILTERED launch),
+    and of its chunk and accept launches: 4 KB steps, 4 warps, 5 stages. Registers on sm_90,
+    bf16: 96 (5 programs, 20 warps per SM; 89 before it ran the top-k / top-p rows' pass too),
+    48 greedy; float16 107 (4 programs), float32 70. The FILTERED path in the same
     launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
     151936, bf16; us of the row launches): with one launch for every row, 4 KB / 4 warps
     against the light 8 KB / 8 warps took the temperature pass 121.9 -> 100.5 us (programs

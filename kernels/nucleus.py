@@ -1,6 +1,6 @@
 """A top-p row's token from a long candidate list: the nucleus by searches over the list.
 
-`filtered.filtered_pass` collects every token whose key reaches a bound into the row's
+`filtered.bound_and_collect` collects every token whose key reaches a bound into the row's
 candidate list (up to 2 * BUF entries: int32 keys, then int32 indices). Up to BUF of them,
 the decision sorts them in registers (`sampling_rule.decide_filtered`). An LLM row's
 nucleus can be wider: top-p 0.9 at T = 0.8 over a Gaussian body with a few boosted tokens

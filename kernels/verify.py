@@ -4,16 +4,19 @@ Algorithm, five launches (no host synchronisation between them):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
    out as in `export/owners.py`; `launch.decide_config`: 4 KB steps, 4 warps): walks the
-   owner layout; greedy and temperature-only rows are decided in their HBM pass
-   (`sampling_rule.decide_light`), without searching for the token where "y == draft"
-   can be answered without it. Writes (token or -2, match, x_max, mass) to scratch; a
-   top-k / top-p row gets a mark with its (owner, j) pair, an unused slot its own mark.
-2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op; 8 KB steps,
-   8 warps), on the marked rows: their stats and candidates (`filtered.filtered_pass`),
-   decided there when they have <= 256 candidates (one sort entry per thread). Two
-   instances because the filtered path's registers (128) capped the light rows' pass at
-   16 warps per SM (alone: 89 registers, 20 warps; greedy 48), and it reads the marked
-   rows' pairs instead of walking the layout again.
+   owner layout and reads every row once (`sampling_rule.lane_stats`). Greedy and
+   temperature-only rows are decided there (`sampling_rule.light_decision`), without
+   searching for the token where "y == draft" can be answered without it: (token or -2,
+   match, x_max, mass) to scratch. A top-k / top-p row leaves its lane maxima and masses
+   and its stats in scratch (`filtered.store_lanes`) and a mark with its (owner, j) pair;
+   an unused slot gets its own mark.
+2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
+   `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: their
+   bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
+   the lanes that can hold a candidate), decided there when they have <= 256 candidates
+   (one sort entry per thread). The pass itself stays in launch 1, at its occupancy (96
+   registers, 20 warps per SM on sm_90; the FILTERED instance has 126, and with the pass
+   in it the top-p row launches took 352 us, now ~250 us at 64 x 16 rows, V = 151936).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: sorts
    of up to BUF candidates in registers, the long-list search, the general path), so
@@ -68,12 +71,13 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
                        num_rows, num_owners, vocab, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                        STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
-    """The HBM pass of every row, in two launches of this kernel (two compiled instances, each
-    with the registers of its own path). FILTERED=False walks the owner layout for every slot,
-    decides greedy and temperature-only rows, marks top-k / top-p rows PASS_ROW with their pair
-    (`store_pair`) and every unused slot UNUSED_SLOT (so that no mark is stale: the scratch is
-    not cleared between calls). FILTERED=True takes only the marked rows (the others exit after
-    one load): `filtered_pass`, then the small decision."""
+    """The rows, in two launches of this kernel (two compiled instances, each with the registers
+    of its own path). FILTERED=False walks the owner layout for every slot and reads every row
+    once: decides greedy and temperature-only rows, leaves the lanes of top-k / top-p rows in
+    scratch and marks them PASS_ROW with their pair (`_decide_row`), and marks every unused
+    slot UNUSED_SLOT (so that no mark is stale: the scratch is not cleared between calls).
+    FILTERED=True takes only the marked rows (the others exit after one load): their bound,
+    candidates and small decision (`_filtered_row`)."""
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates, hot lanes, results, stats
     results = results_of(work, BUF)
     if FILTERED:
