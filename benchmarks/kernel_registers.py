@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         work = scratch_width(heavy.buf)
         _, splits = split_rows(args.vocab, light.block)
         decide = decide_config(args.vocab, itemsize=itemsize)
-        marked = filtered_rows_config(args.vocab, itemsize=itemsize)
+        marked = filtered_rows_config(decide)
         for greedy, filtered in ((False, False), (True, False), (False, True)):
             cfg = marked if filtered else decide
             ok &= compile_one(

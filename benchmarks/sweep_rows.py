@@ -1,7 +1,8 @@
 """Time dflash_verify's light row launch under other launch configs (GPU; not a test).
 
-`launch.decide_config` (the first row launch, which decides greedy and temperature-only
-rows, and the chunk / accept launches) is replaced by each config given, the op is timed
+`launch.decide_config` (the first row launch, which reads every row and decides greedy and
+temperature-only rows, and the chunk / accept launches; the FILTERED row launch takes its
+step: `launch.filtered_rows_config`) is replaced by each config given, the op is timed
 at the headline shape (64 owners x 16 rows, V = 151936) as `bench_verify.py` times it (a
 captured graph of >= 4 calls, median of do_bench) and its launches are profiled:
 

@@ -80,11 +80,12 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 
 
-def filtered_rows_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
+def filtered_rows_config(decide: RowConfig) -> RowConfig:
     """The config of `dflash_verify`'s FILTERED row launch, which bounds, collects and decides
-    top-k / top-p rows from the lanes the first launch stored: that launch's step (its lane
-    layout) at 8 warps (`filtered.collect`'s pairs per iteration)."""
-    return replace(decide_config(vocab, block, itemsize), warps=8)
+    top-k / top-p rows from the lanes the first launch (config `decide`) stored: that launch's
+    step (its lane layout: derived from the config it ran with, never recomputed) at 8 warps
+    (`filtered.collect`'s pairs per iteration)."""
+    return replace(decide, warps=8)
 
 
 SPLITS = 16  # chunks per row of the split light pass (at most)

@@ -281,7 +281,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
             *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
         if not greedy:
-            marked = filtered_rows_config(vocab, block, logits.element_size())
+            marked = filtered_rows_config(decide)
             wrap_triton(verify_rows_kernel)[(num_rows,)](
                 *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)

@@ -5,6 +5,8 @@ detects independently of both implementations. Small candidate caps force buffer
 shrinks and the slow top-k / top-p path (key searches) on small vocabularies.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DEVICE
@@ -300,6 +302,48 @@ def test_long_top_p_lists_are_decided_by_searches_over_the_list():
     inp = _to({"logits": logits, "position": torch.arange(n) * 5, "temperature": torch.full((n,), 0.7),
                "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
     assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+@pytest.mark.parametrize("step", [16, 32])
+def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, monkeypatch):
+    """dflash_verify reads every row in its first launch and leaves a top-p row's lanes in
+    scratch; the FILTERED launch bounds and collects from them, in that launch's lane layout.
+    The long-list rows above, one owner each (cap 8, block 16: 4 float32 lanes), go the same
+    ways there (list searches, general path), and some owners take top-k. step 32: the first launch runs another config
+    (as `benchmarks/sweep_rows.py` swaps it): the FILTERED launch must follow its step (8
+    lanes), not recompute one from V. (Lanes read in another layout did not change these
+    rows' tokens, checked: a bound whose candidates do not settle a row sends it to the
+    general path; so the test checks the two launches' steps too.)"""
+    real = verify_kernel.decide_config
+    monkeypatch.setattr(verify_kernel, "decide_config",
+                        lambda vocab, block=None, itemsize=2: dataclasses.replace(real(vocab, block, itemsize),
+                                                                                  block=step))
+    g = torch.Generator().manual_seed(33)
+    n, vocab = 24, 200
+    logits = torch.cat([_long_list_rows(g, n // 2, vocab, 62, 4, -30.0), _long_list_rows(g, n // 2, vocab, 40, 4, 3.0)])
+    top_p = torch.tensor([0.05, 0.3, 0.5123, 0.71, 0.9, 0.97, 0.999, 0.99999, 0.25, 0.61, 0.83, 0.9931])
+    inp = _to({"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g),
+               "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 5,
+               "temperature": torch.full((n,), 0.7), "top_k": torch.tensor([0, 0, 3, 0, 2, 3] * 4),
+               "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
+    steps = {}  # the BLOCK of each verify_rows_kernel launch, by FILTERED
+    real_wrap = verify_kernel.wrap_triton
+
+    def spy(kernel):
+        launcher = real_wrap(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def run(*args, **kw):
+                    if kernel is verify_kernel.verify_rows_kernel:
+                        steps[kw["FILTERED"]] = kw["BLOCK"]
+                    return launcher[grid](*args, **kw)
+                return run
+        return Grid()
+
+    monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
+    assert steps == {False: step, True: step}
 
 
 def test_overlapping_and_invalid_owners():
