@@ -26,7 +26,8 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   reaches (its lanes' maxima never reach the target: a nucleus wide in the body) takes
   every lane: with 512 lanes (8 KB steps) 2900-4300 candidates (over 2 * BUF: the general
   path, 623 us on the H200), with 256 (the 4 KB steps of `dflash_verify`'s pass) up to
-  ~2100 (simulated, 2048 rows; 985-1514 seen on the H200).
+  ~2100 (simulated, 2048 rows: `benchmarks/simulate_top_p_bounds.py`; 985-1514 seen on
+  the H200).
 
 A second pass appends every finite token with key >= theta to the row's candidate
 buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
