@@ -154,7 +154,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     are latency-bound (a load, then an atomic per candidate), so the pairs per iteration
     set the time of a top-p row collected at a low bound, which walks its whole row this
     way (measured on the H200, 4 warps and 128 pairs: ~200 us for that one row; software
-    pipelining of the loop ran slower; 256 pairs at 4 warps took 252 registers)."""
+    pipelining of the loop ran slower; 2 pairs per thread took 252 registers on sm_90)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -225,7 +225,7 @@ def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexp
 def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass):
     """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
     masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
-    words [LANES, 1.5 LANES) (`bound_and_collect` loads them before it overwrites the list),
+    words [LANES, 1.5 LANES) (`load_lanes` reads them before `bound_and_collect` overwrites the list),
     the row's stats in words 1..4 of stats_ptr (`store_stats`' layout)."""
     LANES: tl.constexpr = lane_max.shape[0]
     r = tl.arange(0, LANES)

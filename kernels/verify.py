@@ -15,8 +15,9 @@ Algorithm, five launches (no host synchronisation between them):
    bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
    the lanes that can hold a candidate), decided there when they have <= 256 candidates
    (one sort entry per thread). The pass itself stays in launch 1, at its occupancy (96
-   registers, 20 warps per SM on sm_90; the FILTERED instance has 126, and with the pass
-   in it the top-p row launches took 352 us, now ~250 us at 64 x 16 rows, V = 151936).
+   registers, 20 warps per SM on sm_90; the FILTERED instance has 126; with the pass in
+   it, the two top-p row launches took 351.9 us on the H200 at 64 x 16 rows, V = 151936
+   bf16, now 297.3 us).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: sorts
    of up to BUF candidates in registers, the long-list search, the general path), so
