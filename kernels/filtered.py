@@ -51,8 +51,8 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
 from .nucleus import nucleus_token
-from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, combine_lanes, decide_filtered, filters,
-                            key_weight, lane_stats, pack_key, scan_row)
+from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
+                            lanes_and_stats, pack_key, scan_row)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -213,12 +213,16 @@ def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexp
     No finite count either (3 instructions per logit): `filtered_token` needs it only on the
     general path, and counts there; `finite` > 0 iff the row has a finite logit.
     (`verify_rows_kernel` runs the same `lane_stats` in the launch that decides the light rows.)"""
-    use_k, _ = filters(top_k, top_p, vocab)
-    lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, -1, ~use_k, BLOCK, STAGES, 0, False, False)
-    x_max, arg, finite, mass, _ = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below,
-                                                vocab, temperature, ~use_k)
+    lane_max, lane_mass, x_max, arg, finite, mass, _ = lanes_and_stats(
+        row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False)
     return lane_max, lane_mass, x_max, arg, finite, mass
+
+
+@triton.jit
+def needs_mass(top_k, top_p, vocab):
+    """Whether a filtered row's pass sums the mass S: only for top-p alone (`filtered_lanes`)."""
+    use_k, _ = filters(top_k, top_p, vocab)
+    return ~use_k
 
 
 @triton.jit

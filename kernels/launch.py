@@ -54,12 +54,20 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)
-    light_block = min(LIGHT_BYTES // itemsize, pow2) if block is None else max(16, block)
+    light_block = pass_step(LIGHT_BYTES, vocab, block, itemsize)
     light = RowConfig(block=light_block, warps=8 if light_block >= 1024 else 4, stages=5, cap=16, buf=32)
     block = block if block is not None else min(FILTERED_BLOCK, pow2)
     buf = triton.next_power_of_2(cap + block)
     heavy = RowConfig(block=block, warps=8 if block >= 1024 else 4, stages=2, cap=cap, buf=buf)
     return light, heavy
+
+
+def pass_step(nbytes: int, vocab: int, block: int | None, itemsize: int) -> int:
+    """Logits per loop step of a pass over rows of `vocab` logits: `nbytes` of them, at most
+    the row's power of two (>= 16); `block` (tests) overrides it, at least 16."""
+    if block is not None:
+        return max(16, block)
+    return min(nbytes // itemsize, max(16, triton.next_power_of_2(vocab)))
 
 
 def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
@@ -75,8 +83,7 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     103.8, 2 KB / 2 warps 112.4, 8 KB / 8 warps 123.5; then with the smaller layout walk
     (BLOCK_O 256): 94.9 us (the empty FILTERED launch included), greedy 75.3 us. `block` as
     in `launch_config`."""
-    pow2 = max(16, triton.next_power_of_2(vocab))
-    block = min(DECIDE_BYTES // itemsize, pow2) if block is None else max(16, block)
+    block = pass_step(DECIDE_BYTES, vocab, block, itemsize)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 
 

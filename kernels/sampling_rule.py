@@ -240,10 +240,21 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
                lo=0):
     """The HBM pass of greedy and temperature-only rows: (max, argmax, finite count, mass S,
     mass below draft) (see `lane_stats`)."""
+    _, _, x_max, arg, finite, mass, below = lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK,
+                                                            STAGES, lo)
+    return x_max, arg, finite, mass, below
+
+
+@triton.jit
+def lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                    lo=0, BELOW: tl.constexpr = True):
+    """`lane_stats`, then `combine_lanes`: (lane maxima, lane masses, max, argmax, finite count,
+    mass S, mass below draft); the lanes for the bounds of top-k / top-p rows."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo)
-    return combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass, lane_below, vocab, temperature,
-                         sampling)
+        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, False, BELOW)
+    x_max, arg, finite, mass, below = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass,
+                                                    lane_below, vocab, temperature, sampling)
+    return lane_max, lane_mass, x_max, arg, finite, mass, below
 
 
 @triton.jit

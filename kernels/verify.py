@@ -46,9 +46,10 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
                      split_rows)
-from .filtered import RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, results_of, stats_of, store_lanes
-from .sampling_rule import (LANE_BITS, chunk_stats, combine_lanes, decide_light, filters, is_light, lane_stats,
-                            light_decision, light_token_from_chunks, valid_draft)
+from .filtered import (RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, needs_mass, results_of,
+                       stats_of, store_lanes)
+from .sampling_rule import (LANE_BITS, chunk_stats, decide_light, is_light, lanes_and_stats, light_decision,
+                            light_token_from_chunks, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -111,13 +112,11 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     (draft -1: no mass below it; the mass only for top-p alone, as in `filtered_lanes`) keeps
     its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
     light = is_light(temperature, top_k, top_p, vocab)
-    use_k, _ = filters(top_k, top_p, vocab)
     d = tl.where(light, valid_draft(draft, vocab), -1)
-    sampling = tl.where(light, temperature > 0, ~use_k)  # (NaN temperature compares false: greedy)
-    lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(row_ptr, vocab, temperature, d, sampling,
-                                                                         BLOCK, STAGES)
-    x_max, arg, finite, mass, below = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass,
-                                                    lane_below, vocab, temperature, sampling)
+    # (NaN temperature compares false: greedy)
+    sampling = tl.where(light, temperature > 0, needs_mass(top_k, top_p, vocab))
+    lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(row_ptr, vocab, temperature, d, sampling,
+                                                                           BLOCK, STAGES)
     if light:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
                                       tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
