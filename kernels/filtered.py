@@ -212,7 +212,7 @@ def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexp
     candidates), and `decide_filtered` never reads S there (its slow path sums what it needs).
     No finite count either (3 instructions per logit): `filtered_token` needs it only on the
     general path, and counts there; `finite` > 0 iff the row has a finite logit.
-    (`verify_rows_kernel` runs the same `lane_stats` in the launch that decides the light rows.)"""
+    (`verify_rows_kernel` runs the same `lanes_and_stats` in the launch that decides the light rows.)"""
     lane_max, lane_mass, x_max, arg, finite, mass, _ = lanes_and_stats(
         row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False)
     return lane_max, lane_mass, x_max, arg, finite, mass
