@@ -303,13 +303,17 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         # From the candidates, the finite count stands in as V: with top-k and a bound, k lanes
         # hold a finite logit, so the top-k set has exactly k tokens; for top-p alone it only
         # makes the candidates count as the whole row when they are all V tokens.
+        # The candidates are every token at or above the bound, a prefix of the order: the
+        # decision takes all of them (k, not want: with CAP, a top-p row whose nucleus held more
+        # than CAP of its <= BUF candidates took the general path and its key searches over the
+        # row, ~1-2 ms in one program on the H200).
         small = (count >= 0) & (count <= SMALL) & (count <= BUF)  # (BUF < SMALL only with test overrides)
         if small:
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
+            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, k,
                                     count, use_k, use_p, listed(buf_ptr, count, BUF, SMALL), BLOCK, False)
         if not SMALL_ONLY:
             if ~small & (count >= 0) & (count <= BUF):
-                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, want,
+                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, k,
                                         count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
             if (count > BUF) & (count <= 2 * BUF) & use_p & ~use_k:  # a long top-p list (a wide LLM nucleus)
                 token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature,

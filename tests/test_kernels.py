@@ -6,15 +6,19 @@ shrinks and the slow top-k / top-p path (key searches) on small vocabularies.
 """
 
 import dataclasses
+import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import DEVICE
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
+from dflash_et.kernels import sampling_rule
 from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
@@ -302,6 +306,32 @@ def test_long_top_p_lists_are_decided_by_searches_over_the_list():
     inp = _to({"logits": logits, "position": torch.arange(n) * 5, "temperature": torch.full((n,), 0.7),
                "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
     assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
+def test_top_p_lists_longer_than_the_cap_are_decided_from_the_list(monkeypatch):
+    """A top-p row's candidates are every token at or above its bound: a prefix of the order,
+    so a nucleus longer than CAP (tokens the general path keeps) but within the list is
+    decided from the list. Cap 8, block 16 (BUF 32): rows of 23 to 34 high tokens, all
+    collected, nuclei of 3 to 34 tokens. The slow path's final search is replaced by one
+    that returns -99: the list must decide every row (with the decision's prefix capped at
+    CAP, as before, the 12 rows with nuclei over 8 took the slow path: checked)."""
+    @triton.jit
+    def no_slow_search(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
+                       BLOCK: tl.constexpr):
+        return tl.zeros((), dtype=tl.int64) - 99
+
+    monkeypatch.setattr(sampling_rule, "search_row", no_slow_search)
+    g = torch.Generator().manual_seed(35)
+    n, vocab = 16, 200
+    logits = torch.cat([_long_list_rows(g, n // 2, vocab, 20, 4, -30.0), _long_list_rows(g, n // 2, vocab, 30, 4, -30.0)])
+    logits[:, 4:16:4] = 5.0  # every lane holds a high token: the lowest lane maximum is 5.0
+    top_p = torch.tensor([0.2, 0.45, 0.6, 0.75, 0.9, 0.95, 0.99, 0.9999]).repeat(2)
+    inp = _to({"logits": logits, "position": torch.arange(n) * 3, "temperature": torch.full((n,), 1.3),
+               "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p, "seed": torch.arange(n) + 90})
+    got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)
+    assert not bool((got == -99).any()), got.tolist()
+    assert _check_samples(inp, got) == 0
 
 
 @pytest.mark.parametrize("step", [16, 32])
