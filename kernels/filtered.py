@@ -39,18 +39,19 @@ pairs, compacted (`collect`).
 (`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
 up to BUF in a further launch, one program per row left undecided.
 A top-p row with more than BUF candidates (up to 2 * BUF) is decided from them by
-searches over the list (`nucleus.py`). Rows with no bound (top-k > lanes), more
-candidates than that (ties, flat top-p rows) or a top-p prefix still short of the target
-take the general path: `sampling_rule.scan_row` (streaming filter with buffer shrinks,
-and the finite count), then the same decision, with its slow path (key searches over the
-row) where the candidates do not settle it.
+searches over the list (`nucleus.py`); a top-p row whose candidates fall short of the
+target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes).
+Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
+top-p prefix still short of the target take the general path: `sampling_rule.scan_row`
+(streaming filter with buffer shrinks, and the finite count), then the same decision,
+with its slow path (key searches over the row) where the candidates do not settle it.
 """
 
 import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .nucleus import nucleus_token
+from .nucleus import nucleus_token, wide_list
 from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats, pack_key, scan_row)
 
@@ -315,9 +316,18 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             if ~small & (count >= 0) & (count <= BUF):
                 token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, k,
                                         count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
-            if (count > BUF) & (count <= 2 * BUF) & use_p & ~use_k:  # a long top-p list (a wide LLM nucleus)
-                token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, count, x_max, temperature,
-                                      top_p, mass, u, arg, vocab, 2 * BUF)
+            if (token == -4) & use_p & ~use_k:  # a long top-p list (a wide LLM nucleus), or one of its own
+                n = count
+                target = top_p.to(tl.float64) * mass
+                reach = (count > BUF) & (count <= 2 * BUF)
+                if reach:
+                    reach = _candidate_mass(buf_ptr, count, x_max, temperature) >= target
+                if not reach:  # short of the target, or more than the list holds: `nucleus.wide_list`
+                    n = wide_list(row_ptr, vocab, x_max, temperature, target, keys_of(buf_ptr),
+                                  keys_of(buf_ptr) + 2 * BUF, 2 * BUF, BLOCK)
+                if n > 0:
+                    token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
+                                          top_p, mass, u, arg, vocab, 2 * BUF)
             if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
                 count, finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
                 slots = tl.arange(0, BUF)

@@ -334,6 +334,40 @@ def test_top_p_lists_longer_than_the_cap_are_decided_from_the_list(monkeypatch):
     assert _check_samples(inp, got) == 0
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_top_p_nuclei_get_a_list_of_their_own(dtype, monkeypatch):
+    """A top-p row whose nucleus reaches below every lane maximum (its lanes' candidates fall
+    short of the target) is decided from a list of its own (`nucleus.wide_list`: a counting
+    pass per bin of (x_max - x) / T, then a collect at the lowest bin edge that leaves 1 / 16
+    of the list free), not by the slow path, whose final search is replaced here by one that
+    returns -99. Cap 8, block 16: BUF 32, a list of 64, 4 lanes (float32) or 2 (bfloat16).
+    Rows of 20 to 50 tokens spread over about one unit of x / T (their lane maxima bound a
+    few of them), the rest far below; then rows where more than 60 tokens sit in the first
+    bins (a flat row: the slow path must decide those, so the real search is back)."""
+    @triton.jit
+    def no_slow_search(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
+                       BLOCK: tl.constexpr):
+        return tl.zeros((), dtype=tl.int64) - 99
+
+    g = torch.Generator().manual_seed(37)
+    n, vocab = 16, 300
+    logits = torch.full((n, vocab), -40.0)
+    for r in range(n):
+        high = 20 + 2 * r
+        logits[r, torch.randperm(vocab, generator=g)[:high]] = 5.0 + 0.8 * torch.rand(high, generator=g)
+    top_p = torch.tensor([0.5, 0.8, 0.9, 0.95, 0.99, 0.7, 0.85, 0.9999]).repeat(2)
+    inp = _to({"logits": logits.to(dtype), "position": torch.arange(n) * 7, "temperature": torch.full((n,), 0.9),
+               "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p, "seed": torch.arange(n) + 110})
+    with monkeypatch.context() as m:
+        m.setattr(sampling_rule, "search_row", no_slow_search)
+        got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)
+    assert not bool((got == -99).any()), got.tolist()
+    assert _check_samples(inp, got) == 0
+    flat = dict(inp, logits=(torch.randn(n, vocab, generator=g) * 0.05).to(dtype).to(DEVICE))
+    assert _check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
 @pytest.mark.parametrize("step", [16, 32])
 def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, monkeypatch):
     """dflash_verify reads every row in its first launch and leaves a top-p row's lanes in
