@@ -315,7 +315,7 @@ def test_top_p_lists_longer_than_the_cap_are_decided_from_the_list(monkeypatch):
     decided from the list. Cap 8, block 16 (BUF 32): rows of 23 to 34 high tokens, all
     collected, nuclei of 3 to 34 tokens. The slow path's final search is replaced by one
     that returns -99: the list must decide every row (with the decision's prefix capped at
-    CAP, as before, the 12 rows with nuclei over 8 took the slow path: checked)."""
+    CAP, as before, rows with nuclei over 8 returned -99: checked)."""
     @triton.jit
     def no_slow_search(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
                        BLOCK: tl.constexpr):
@@ -343,8 +343,9 @@ def test_wide_top_p_nuclei_get_a_list_of_their_own(dtype, monkeypatch):
     of the list free), not by the slow path, whose final search is replaced here by one that
     returns -99. Cap 8, block 16: BUF 32, a list of 64, 4 lanes (float32) or 2 (bfloat16).
     Rows of 20 to 50 tokens spread over about one unit of x / T (their lane maxima bound a
-    few of them), the rest far below; then rows where more than 60 tokens sit in the first
-    bins (a flat row: the slow path must decide those, so the real search is back)."""
+    few of them), the rest far below, through sample_rows and through dflash_verify (one
+    owner per row: verify_filtered decides them); then flat rows, whose nucleus is wider
+    than the list (the slow path must decide those, so the real search is back)."""
     @triton.jit
     def no_slow_search(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
                        BLOCK: tl.constexpr):
@@ -359,11 +360,17 @@ def test_wide_top_p_nuclei_get_a_list_of_their_own(dtype, monkeypatch):
     top_p = torch.tensor([0.5, 0.8, 0.9, 0.95, 0.99, 0.7, 0.85, 0.9999]).repeat(2)
     inp = _to({"logits": logits.to(dtype), "position": torch.arange(n) * 7, "temperature": torch.full((n,), 0.9),
                "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p, "seed": torch.arange(n) + 110})
+    owners = _to({"logits": logits.to(dtype), "tokens": torch.randint(0, vocab, (n,), generator=g),
+                  "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 7, "temperature": inp["temperature"],
+                  "top_k": inp["top_k"], "top_p": top_p, "seed": inp["seed"]})
     with monkeypatch.context() as m:
         m.setattr(sampling_rule, "search_row", no_slow_search)
         got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)
+        verified = verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS], cap=8, block=16)
     assert not bool((got == -99).any()), got.tolist()
     assert _check_samples(inp, got) == 0
+    assert not bool((verified[1] == -99).any()), verified[1].tolist()
+    _check_verify(owners, verified)
     flat = dict(inp, logits=(torch.randn(n, vocab, generator=g) * 0.05).to(dtype).to(DEVICE))
     assert _check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
