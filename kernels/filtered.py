@@ -33,14 +33,20 @@ A second pass appends every finite token with key >= theta to the row's candidat
 buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
 step, and the order of the slots does not matter (the candidates are sorted afterwards).
 It reads and computes only on the lanes whose maximum reaches theta: their (lane, step)
-pairs, compacted (`collect`).
+pairs, compacted (`collect`). Where half the lanes or more reach it (a top-p row collected
+again at its lowest lane maximum), that would walk the whole row 16 bytes per thread at a
+time (~100 us in one program on the H200, which the whole FILTERED launch of
+`dflash_verify` waited for): `collect` leaves such a row (count WALK_ROW, its bound in the
+stats) to `filtered_token` in the decision's launch, whose registers hold the wider walk
+of `dense_collect.walk_collect` (~64 us).
 
 `filtered_token` sorts the candidates in registers and decides there
 (`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
 up to BUF in a further launch, one program per row left undecided.
 A top-p row with more than BUF candidates (up to 2 * BUF) is decided from them by
 searches over the list (`nucleus.py`); a top-p row whose candidates fall short of the
-target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes).
+target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes),
+without the sorts (~80 us) that could not decide it.
 Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
 top-p prefix still short of the target take the general path: `sampling_rule.scan_row`
 (streaming filter with buffer shrinks, and the finite count), then the same decision,
@@ -51,6 +57,7 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
+from .dense_collect import walk_collect
 from .nucleus import nucleus_token, wide_list
 from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats, pack_key, scan_row)
@@ -63,7 +70,9 @@ LANE_MASK = tl.constexpr(2047)
 COLLECT_PAIRS = tl.constexpr(256)  # collect's (lane, step) pairs per iteration: one per thread at 8 warps
 HOT_WORDS = tl.constexpr(256)  # int64 words of the hot-lane list (512 int32 lanes: LIGHT_BYTES * 8 / LANE_BITS)
 RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after the candidates and hot lanes
-STATS = tl.constexpr(5)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass
+STATS = tl.constexpr(6)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass,
+# the bound of a row left to `walk_collect` (count WALK_ROW)
+WALK_ROW = tl.constexpr(-3)  # a filtered row's count while its collect is left to `filtered_token`
 
 # A scratch row (int64 words): the candidate list [0, 2 * BUF) (`collect`: 2 * BUF int32
 # keys, then 2 * BUF int32 indices; `scan_row` keeps BUF packed entries there), the hot
@@ -169,7 +178,8 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
     PAIRS: tl.constexpr = LANES if LANES < COLLECT_PAIRS else COLLECT_PAIRS  # (lane, step) pairs per iteration
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
-    pairs = n_hot * tl.cdiv(vocab, BLOCK)
+    whole = 2 * n_hot >= LANES  # most lanes: as many iterations as a walk of the whole row (left to `walk_collect`)
+    pairs = tl.where(whole, 0, n_hot * tl.cdiv(vocab, BLOCK))
     per_step = tl.maximum(n_hot, 1)
     for base in range(0, pairs, PAIRS):
         i = base + tl.arange(0, PAIRS)
@@ -182,7 +192,8 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
         tl.store(keys_of(buf_ptr) + slot, ordered_key(x), mask=take & (slot < 2 * BUF))
         tl.store(keys_of(buf_ptr) + 2 * BUF + slot, offs, mask=take & (slot < 2 * BUF))
     tl.debug_barrier()  # every append is done
-    return tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
+    count = tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
+    return tl.where(whole, WALK_ROW, count)
 
 
 @triton.jit
@@ -274,7 +285,8 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
-        retry = (second < theta) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
+        tl.store(stats_ptr + 5, theta)  # the bound of the walk, where `collect` left it (count WALK_ROW)
+        retry = (second < theta) & (count >= 0) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:
             retry = _candidate_mass(buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
         theta = tl.where(retry, second, -1)
@@ -296,6 +308,10 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
     arg = tl.load(stats_ptr + 2)
     finite = tl.load(stats_ptr + 3)
     mass = tl.load(stats_ptr + 4).to(tl.float64, bitcast=True)
+    if not SMALL_ONLY:
+        if count == WALK_ROW:  # `bound_and_collect` left this row's collect (most lanes) to this launch
+            count = walk_collect(row_ptr, vocab, tl.load(stats_ptr + 5), keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF,
+                                 2 * BUF)
     k = tl.where(use_k, top_k, vocab).to(tl.int64)
     want = tl.minimum(k, CAP)
     token = tl.zeros((), dtype=tl.int64) - 1
@@ -328,7 +344,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 n = count
                 if not (reach & (count > BUF)):  # short of the target, or more than the list holds: `wide_list`
                     n = wide_list(row_ptr, vocab, x_max, temperature, target, keys_of(buf_ptr),
-                                  keys_of(buf_ptr) + 2 * BUF, 2 * BUF, BLOCK)
+                                  keys_of(buf_ptr) + 2 * BUF, 2 * BUF)
                 if n > 0:
                     token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
                                           top_p, mass, u, arg, vocab, 2 * BUF)

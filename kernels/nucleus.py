@@ -31,7 +31,8 @@ maximum: a wide nucleus in the Gaussian body) or overflows it gets a list of its
 (`wide_list`): one pass counts its tokens per bin of (x_max - x) / T (`wide_bound`); the
 lowest bin edge with at most 15 / 16 of LIST tokens above it is the bound, unless the bins'
 largest weights show that those tokens cannot reach the target (a flat row: no second
-pass); a second pass appends every token above the bound (`collect_above`). On the H200
+pass); a second pass appends every token above the bound (`dense_collect.walk_collect`;
+both passes in its layout: 32 bytes per thread and iteration, 3 stages). On the H200
 (the benchmark's LLM-like rows, V = 151936 bf16, T = 0.8, top-p 0.9), 7 rows in 4096 had a
 nucleus over 1024 tokens or more candidates than the list holds: nuclei of 1449-2134
 tokens from short lists of 1367-1948 candidates (now decided here), and one of 7982 tokens
@@ -42,16 +43,15 @@ benchmark pay the counting pass: 13.5 -> 14.3 ms for 1024 rows.
 import triton
 import triton.language as tl
 
-from .common import FLT_MAX, key_value, ordered_key, unsigned_key, weight
-from .sampling_rule import KEY_OFFSET, PIVOTS, SLOW_STAGES, key_weight, load_row, tie_room
+from .common import FLT_MAX, key_value, unsigned_key, weight
+from .dense_collect import WALK_BYTES, WALK_PAIRS, WALK_STAGES, walk_collect
+from .sampling_rule import KEY_OFFSET, PIVOTS, key_weight, load_row, tie_room
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
 TIES_BELOW = tl.constexpr(1)  # the number of entries tied at the cut with index < pivot
 KEPT_BELOW = tl.constexpr(2)  # the mass of the kept entries with index < pivot
 WIDE_BINS = tl.constexpr(256)  # `wide_bound`'s bins: BINS_PER_UNIT per unit of (x_max - x) / T, the last open
 BINS_PER_UNIT = tl.constexpr(8.0)  # (a bin: weights within a factor e^(1/8); 255 bins reach e^-31.9)
-WIDE_BLOCKS = tl.constexpr(4)  # the wide passes' step: 4 of the filtered config's blocks (1, 4, 8 blocks and 3
-# stages measured alike on the H200: top-p 0.9 alone, 64 x 16 rows, 970-997 us on 4 inputs with a 7982-token row)
 WIDE_SLACK = tl.constexpr(16)  # `wide_list` leaves 1 / 16 of the list free (256 of 4096 entries): the
 # pass's bins and the collect's key comparisons may round differently at a bin edge
 
@@ -129,7 +129,7 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
 
 
 @triton.jit
-def wide_bound(row_ptr, vocab, x_max, temperature, room, target, BLOCK: tl.constexpr):
+def wide_bound(row_ptr, vocab, x_max, temperature, room, target):
     """One pass: the unsigned key of the lowest bin edge x_max - b * T / BINS_PER_UNIT
     (b >= 1) with at most `room` finite tokens at or above it, from their counts per bin of
     (x_max - x) / T; -1 when the first bin holds more (T = +inf: every finite token in it),
@@ -138,11 +138,13 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, target, BLOCK: tl.const
     costs this pass and no collect."""
     scale = tl.minimum(BINS_PER_UNIT.value / temperature, FLT_MAX)
     acc = tl.zeros((WIDE_BINS,), dtype=tl.int32)
-    for start in tl.range(0, vocab, WIDE_BLOCKS * BLOCK, num_stages=SLOW_STAGES):
-        offs = start + tl.arange(0, WIDE_BLOCKS * BLOCK)
+    WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
+    for base in tl.range(0, vocab, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):  # (`walk_collect`'s layout)
+        offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
         x, fin = load_row(row_ptr, offs, vocab)
         d = tl.where(x >= x_max, 0.0, (x_max - x) * scale)  # (inf * 0 or an infinite scale: no NaN)
-        acc += tl.histogram(tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32), WIDE_BINS)
+        bins = tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32)
+        acc += tl.histogram(tl.reshape(bins, [WALK_PAIRS * WIDTH], can_reorder=True), WIDE_BINS)
     b = tl.arange(0, WIDE_BINS)
     fits = (tl.cumsum(acc, 0) <= room) & (b < WIDE_BINS - 1)  # bins 0..b hold at most room tokens
     last = tl.max(tl.where(fits, b, -1), 0)
@@ -153,31 +155,11 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, target, BLOCK: tl.const
 
 
 @triton.jit
-def collect_above(row_ptr, vocab, theta, key_ptr, index_ptr, LIST: tl.constexpr, BLOCK: tl.constexpr):
-    """One pass: every finite token with unsigned key >= theta appended to the list (int32
-    `ordered_key`s at key_ptr, int32 indices at index_ptr, in index order); returns their
-    number (more than LIST: only LIST stored)."""
-    count = tl.zeros((), dtype=tl.int64)
-    for start in tl.range(0, vocab, WIDE_BLOCKS * BLOCK, num_stages=SLOW_STAGES):
-        offs = start + tl.arange(0, WIDE_BLOCKS * BLOCK)
-        x, fin = load_row(row_ptr, offs, vocab)
-        take = fin & (unsigned_key(x) >= theta)
-        step = take.to(tl.int64)
-        at = count + tl.cumsum(step, 0) - step
-        tl.store(key_ptr + at, ordered_key(x), mask=take & (at < LIST))
-        tl.store(index_ptr + at, offs, mask=take & (at < LIST))
-        count += tl.sum(step, 0)
-    return count
-
-
-@triton.jit
-def wide_list(row_ptr, vocab, x_max, temperature, target, key_ptr, index_ptr, LIST: tl.constexpr,
-              BLOCK: tl.constexpr):
+def wide_list(row_ptr, vocab, x_max, temperature, target, key_ptr, index_ptr, LIST: tl.constexpr):
     """A top-p row's own list (see the module docstring) for the mass `target`: its length, or
     -1 without one (no bound that can reach the target, or more tokens above it than LIST)."""
-    theta = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, target, BLOCK)
+    theta = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, target)
     count = tl.zeros((), dtype=tl.int64) - 1
     if theta >= 0:
-        count = collect_above(row_ptr, vocab, theta, key_ptr, index_ptr, LIST, BLOCK)
-        tl.debug_barrier()  # (the list is read by other threads next)
+        count = walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST)
     return tl.where(count <= LIST, count, -1)

@@ -13,15 +13,18 @@ Algorithm, five launches (no host synchronisation between them):
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: their
    bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
-   the lanes that can hold a candidate), decided there when they have <= 256 candidates
-   (one sort entry per thread). The pass itself stays in launch 1, at its occupancy (96
-   registers, 20 warps per SM on sm_90; the FILTERED instance has 126; with the pass in
-   it, the two top-p row launches took 351.9 us on the H200 at 64 x 16 rows, V = 151936
-   bf16, now 297.3 us).
+   the lanes that can hold a candidate; a collect that would read half of them or more
+   is left to launch 3), decided there when they have <= 256 candidates (one sort entry
+   per thread). The pass itself stays in launch 1, at its occupancy (90 registers, 20
+   warps per SM on sm_90; the FILTERED instance has 125, 2 programs per SM; with the
+   pass in it, the two top-p row launches took 351.9 us on the H200 at 64 x 16 rows,
+   V = 151936 bf16; 297.3 us with it in launch 1; ~184 us with the whole-row collects
+   left to launch 3).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
-   decision of each top-k / top-p row left undecided (`filtered.filtered_token`: sorts
-   of up to BUF candidates in registers, the long-list search, the general path), so
-   the pass above keeps its occupancy.
+   decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
+   whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
+   registers, the long-list search, the general path; 224 registers, 1 program per SM),
+   so the launches above keep their occupancy.
 4. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
    where an owner's first unmatched j (the last row never matches: no draft follows
    it) is a temperature-only row, that row's chunk stats (`launch.split_rows`: 16
