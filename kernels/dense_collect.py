@@ -4,8 +4,8 @@
 bound, one 16-byte vector per thread and iteration, with an atomic slot per candidate.
 A top-p row collected at its lowest lane maximum reads every pair that way: ~100 us for a
 V = 151936 bf16 row in one program on the H200 (each iteration waits for its load, then
-for its slots). `filtered.bound_and_collect` leaves such a row to `walk_collect` in the
-decision's launch (whose registers it fits); `nucleus.wide_list` collects with it too.
+for its slots). `filtered.collect` leaves such a row to `walk_collect` in the decision's
+launch (whose registers it fits); `nucleus.wide_list` collects with it too.
 
 Here each thread reads WALK_BYTES of contiguous logits per iteration through the
 software pipeline (async copies keep the loads in flight, not registers), and the slots
@@ -17,8 +17,8 @@ which thread got there first).
 import triton
 import triton.language as tl
 
-from .common import ordered_key, sanitize
-from .sampling_rule import KEY_OFFSET
+from .common import ordered_key
+from .sampling_rule import KEY_OFFSET, load_row
 
 WALK_PAIRS = tl.constexpr(256)  # threads per iteration of `walk_collect` (one each at 8 warps)
 WALK_BYTES = tl.constexpr(32)  # logits bytes per thread and iteration
@@ -26,33 +26,24 @@ WALK_STAGES = tl.constexpr(3)  # software-pipelining depth
 
 
 @triton.jit
-def append_above(row_ptr, vocab, bound, key_ptr, index_ptr, LIST: tl.constexpr, PAIRS: tl.constexpr,
-                 WIDTH: tl.constexpr, STAGES: tl.constexpr):
-    """Store every finite token of the row with `ordered_key` >= bound (int32) in index order
-    to the list (int32 keys at key_ptr, int32 indices at index_ptr, LIST entries at most);
-    returns their number (more than LIST: only LIST stored). PAIRS threads of WIDTH
-    contiguous logits per iteration."""
+def walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST: tl.constexpr):
+    """Store every finite token of the row with unsigned key >= theta (int64) in index order
+    to the list (int32 `ordered_key`s at key_ptr, int32 indices at index_ptr, LIST entries at
+    most); returns their number (more than LIST: only LIST stored). WALK_PAIRS threads of
+    WALK_BYTES of contiguous logits per iteration."""
+    WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
+    bound = (theta - KEY_OFFSET).to(tl.int32)
     count = tl.zeros((), dtype=tl.int32)
-    for base in tl.range(0, vocab, PAIRS * WIDTH, num_stages=STAGES):
-        offs = base + tl.arange(0, PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+    for base in tl.range(0, vocab, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):
+        offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
+        x, fin = load_row(row_ptr, offs, vocab)
         key = ordered_key(x)
-        take = ((x > float("-inf")) & (key >= bound)).to(tl.int32)
+        take = (fin & (key >= bound)).to(tl.int32)
         n = tl.sum(take, 1)
         slot = count + (tl.cumsum(n, 0) - n)[:, None] + tl.cumsum(take, 1) - take
         ok = (take > 0) & (slot < LIST)
         tl.store(key_ptr + slot, key, mask=ok)
         tl.store(index_ptr + slot, offs, mask=ok)
         count += tl.sum(n, 0)
-    return count
-
-
-@triton.jit
-def walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST: tl.constexpr):
-    """`append_above` of every finite token with unsigned key >= theta (int64); returns their
-    number (more than LIST: only LIST stored)."""
-    WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
-    count = append_above(row_ptr, vocab, (theta - KEY_OFFSET).to(tl.int32), key_ptr, index_ptr, LIST,
-                         WALK_PAIRS, WIDTH, WALK_STAGES)
     tl.debug_barrier()  # the list is read by other threads next
     return count.to(tl.int64)
