@@ -74,15 +74,17 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     """The config of `dflash_verify`'s first row launch, which reads every row (decides greedy
     and temperature-only rows, leaves the lanes of top-k / top-p rows for the FILTERED launch),
     and of its chunk and accept launches: 4 KB steps, 4 warps, 5 stages. Registers on sm_90,
-    bf16: 96 (5 programs, 20 warps per SM; 89 before it ran the top-k / top-p rows' pass too),
+    bf16: 90 (5 programs, 20 warps per SM; 89 before it ran the top-k / top-p rows' pass too),
     48 greedy; float16 107 (4 programs), float32 70. The FILTERED path in the same
     launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
     151936, bf16; us of the row launches): with one launch for every row, 4 KB / 4 warps
     against the light 8 KB / 8 warps took the temperature pass 121.9 -> 100.5 us (programs
     wait at their barriers for 4 warps, not 8); split off, 4 KB / 4 warps 100.3 us, 3 stages
     103.8, 2 KB / 2 warps 112.4, 8 KB / 8 warps 123.5; then with the smaller layout walk
-    (BLOCK_O 256): 94.9 us (the empty FILTERED launch included), greedy 75.3 us. `block` as
-    in `launch_config`."""
+    (BLOCK_O 256): 94.9 us (the empty FILTERED launch included), greedy 75.3 us. More warps
+    per SM did not help (5b7ef66: 4 KB / 8 warps, 62 registers, 107.6 us; 2 KB / 4 warps / 8
+    stages, every row resident at once, 100.4 us against 97.3, and the top-k launch doubled:
+    benchmarks/RESULTS.md, session 17). `block` as in `launch_config`."""
     block = pass_step(DECIDE_BYTES, vocab, block, itemsize)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 
