@@ -22,7 +22,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dflash_et.kernels import sample_rows, verify
-from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch_config, scratch_width, split_rows
+from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launch_config, prefix_chunks, scratch_width,
+                                      split_rows)
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk")
@@ -116,16 +117,12 @@ def main(argv=None) -> int:
                 f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
                 dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
                      STAGES=cfg.stages, BLOCK_O=verify.BLOCK_O), cfg.warps, greedy)
-        _, verify_splits = split_rows(args.vocab, decide.block)
+        _, verify_splits = prefix_chunks(args.vocab, decide.block)
         for greedy in (False, True):
             ok &= compile_one(
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
                 dict(GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf, WORK=work, SPLITS=verify_splits,
                      BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), decide.warps, greedy)
-        ok &= compile_one(
-            f"verify_chunks {logits}", verify.verify_chunks_kernel, logits,
-            dict(BLOCK=decide.block, BUF=heavy.buf, WORK=work, STAGES=decide.stages, BLOCK_O=verify.BLOCK_O,
-                 BLOCK_J=verify.BLOCK_J), decide.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages),

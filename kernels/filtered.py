@@ -76,8 +76,8 @@ WALK_ROW = tl.constexpr(-3)  # a filtered row's count while its collect is left 
 
 # A scratch row (int64 words): the candidate list [0, 2 * BUF) (`collect`: 2 * BUF int32
 # keys, then 2 * BUF int32 indices; `scan_row` keeps BUF packed entries there), the hot
-# lanes [2 * BUF, + HOT_WORDS), then RESULTS, STATS and the chunk partials of a split row
-# (`verify.parts_of`).
+# lanes [2 * BUF, + HOT_WORDS), then RESULTS, STATS and the chunk-end prefix masses of a
+# temperature-only row (`verify.prefixes_of`).
 
 
 @triton.jit

@@ -98,23 +98,33 @@ def filtered_rows_config(decide: RowConfig) -> RowConfig:
 
 
 SPLITS = 16  # chunks per row of the split light pass (at most)
+PREFIX_SPLITS = 8  # chunks per temperature-only row of dflash_verify (at most): see `prefix_chunks`
 
 
-def split_rows(vocab: int, block: int) -> tuple[int, int]:
+def split_rows(vocab: int, block: int, splits: int = SPLITS) -> tuple[int, int]:
     """(chunk, splits): each light row is read by `splits` programs of `chunk` logits (a
     multiple of `block`, so at least one step each); `splits` is a power of two >= the chunks
     needed, the unused ones idle. A function of V only, never of the row count: that is a
     dynamic dim when the op is traced (torch.export / AOTInductor), and a launch shape
     derived from it would force a guard on it. 16 chunks give 64 rows ~1000 programs."""
-    chunk = -(-vocab // SPLITS)
+    chunk = -(-vocab // splits)
     chunk = -(-chunk // block) * block
     return chunk, triton.next_power_of_2(-(-vocab // chunk))
 
 
+def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
+    """(chunk, splits) of `dflash_verify`'s temperature-only rows: the first row launch stores
+    a row's prefix mass at each chunk end (a block reduction in its pass), the accept kernel's
+    search reads one chunk. Measured on the H200 (64 x 16 rows, V = 151936 bf16, temperature
+    0.8; row launches + accept): 16 chunks 112.7 + 8.2 us, 8 chunks 106.7 + 10.7 us (the
+    launch that read the chunks instead: 98.2 + 13.4 + 8.2 us)."""
+    return split_rows(vocab, block, PREFIX_SPLITS)
+
+
 def scratch_width(buf: int) -> int:
     """int64 words per scratch row: a list of 2 * BUF candidates, the hot lanes, RESULTS +
-    STATS words, then 4 per chunk of a split row (`verify.parts_of`)."""
-    return 2 * buf + WORK_SLOTS + 4 * SPLITS
+    STATS words, then 2 per chunk of a temperature-only row (`verify.prefixes_of`)."""
+    return 2 * buf + WORK_SLOTS + 2 * PREFIX_SPLITS
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:

@@ -45,6 +45,7 @@ FLT_MAX_KEY = tl.constexpr(4286578687)  # the unsigned key of FLT_MAX (a sanitiz
 LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
 # combine_lanes and filtered.collect (one 16-byte load per lane)
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
+SEARCH_STAGES = tl.constexpr(3)  # `search_light`'s chunk steps in flight
 SLOW_STAGES = tl.constexpr(2)  # the slow path's passes (measured on the H200: 6 or 12 stages ran slower)
 
 
@@ -152,9 +153,21 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
 
 
 @triton.jit
+def store_prefix(prefix_ptr, lane_max, lane_mass, scale):
+    """The lanes' mass so far as one (max M, mass at M) pair at prefix_ptr (two int64 words):
+    the row's prefix mass up to this step, for `light_token_from_prefixes`."""
+    x_max = tl.max(lane_max, 0)
+    m = tl.where(x_max > float("-inf"), x_max, 0.0)
+    tl.store(prefix_ptr, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(prefix_ptr + 1, tl.sum(lane_mass * scaled_weight(lane_max, m, scale).to(tl.float64), 0)
+             .to(tl.int64, bitcast=True))
+
+
+@triton.jit
 def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
-               COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr):
-    """`lane_stats`' pass over the row (FAST: see `_fold_step`)."""
+               COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr, prefix_ptr, chunk, prefixes,
+               PREFIXES: tl.constexpr):
+    """`lane_stats`' pass over the row (FAST: see `_fold_step`; PREFIXES: see `lane_stats`)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
@@ -165,11 +178,17 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     full = lo + (vocab - lo) // BLOCK * BLOCK
     scale = weight_scale(temperature)
+    until = tl.where(prefixes & (chunk < vocab), chunk, -1)  # (PREFIXES) the next chunk end inside the row, or -1
     for start in tl.range(lo, full, BLOCK, num_stages=STAGES):  # whole steps: no mask
         raw = tl.load(row_ptr + start + grid)
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
             raw, start, start + grid, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
             lane_below, COUNT, BELOW, BLOCK, FAST)
+        if PREFIXES:
+            if start + BLOCK == until:  # (uniform over the program)
+                store_prefix(prefix_ptr, lane_max, lane_mass, scale)
+                prefix_ptr += 2
+                until = tl.where(until + chunk < vocab, until + chunk, -1)
     if full < vocab:  # the last, partial step
         offs = full + grid
         raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
@@ -181,7 +200,8 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
 
 @triton.jit
 def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-               lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True):
+               lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True, prefix_ptr=0, chunk=1, prefixes=False,
+               PREFIXES: tl.constexpr = False):
     """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
     first max, finite count, mass, mass below draft), masses at the lane's own max.
 
@@ -200,13 +220,20 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     in float32 (relative error under 4 ulps, far inside SPEC.md's 1e-6 band), then
     widened once per lane and step. Each weight is exp((x - m) / T) times exp((m - max) / T)
     rescales: a few float32 ulps from SPEC.md's. With `lo`, the logits [lo, vocab) only
-    (one chunk of a split row: `vocab` is then the chunk's end)."""
+    (one chunk of a split row: `vocab` is then the chunk's end).
+
+    PREFIXES (and `prefixes` true; lo = 0, `chunk` a multiple of BLOCK): at the end of every
+    `chunk` logits but the row's last, the row's prefix mass so far (`store_prefix`: a block
+    reduction of the lanes) into the word pairs from prefix_ptr, so that a search for the
+    token needs to read one chunk (`light_token_from_prefixes`)."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
-        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True)
+        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True, prefix_ptr, chunk,
+        prefixes, PREFIXES)
     bad = (lane_max != lane_max) | (lane_mass != lane_mass) | (lane_mass == float("inf"))
-    if tl.sum(bad.to(tl.int32), 0) > 0:  # a NaN or +inf logit: the sanitizing pass
+    if tl.sum(bad.to(tl.int32), 0) > 0:  # a NaN or +inf logit: the sanitizing pass (its prefixes replace the first's)
         lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
-            row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, False)
+            row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, False, prefix_ptr, chunk,
+            prefixes, PREFIXES)
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
     return lane_max, lane_step, lane_finite, lane_mass, lane_below
@@ -247,11 +274,13 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
 
 @triton.jit
 def lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                    lo=0, BELOW: tl.constexpr = True):
+                    lo=0, BELOW: tl.constexpr = True, prefix_ptr=0, chunk=1, prefixes=False,
+                    PREFIXES: tl.constexpr = False):
     """`lane_stats`, then `combine_lanes`: (lane maxima, lane masses, max, argmax, finite count,
     mass S, mass below draft); the lanes for the bounds of top-k / top-p rows."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
-        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, False, BELOW)
+        row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, False, BELOW, prefix_ptr, chunk, prefixes,
+        PREFIXES)
     x_max, arg, finite, mass, below = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass,
                                                     lane_below, vocab, temperature, sampling)
     return lane_max, lane_mass, x_max, arg, finite, mass, below
@@ -318,6 +347,27 @@ def light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr, chunk, SPL
 
 
 @triton.jit
+def light_token_from_prefixes(row_ptr, vocab, temperature, u, x_max, mass, prefix_ptr, chunk,
+                              SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """The token of a temperature-only row (T > 0, a finite logit) from its pass's (max, mass
+    S) and the prefix masses it stored at the end of each chunk but the last (`lane_stats`
+    with PREFIXES; SPLITS >= the row's chunks): t = u * S, and the search runs in the first
+    chunk whose end prefix (rescaled to the row max) exceeds t, from the prefix before it.
+    The last chunk ends at S itself, which t < S does not reach."""
+    c = tl.arange(0, SPLITS)
+    inside = c < (vocab + chunk - 1) // chunk - 1  # chunks that end inside the row
+    m = tl.load(prefix_ptr + 2 * c, mask=inside, other=0).to(tl.int32).to(tl.float32, bitcast=True)
+    s = tl.load(prefix_ptr + 2 * c + 1, mask=inside, other=0).to(tl.float64, bitcast=True)
+    p = tl.where(m > float("-inf"), s * weight(m, x_max, temperature).to(tl.float64), 0.0)
+    p = tl.where(inside, p, mass)
+    t = u.to(tl.float64) * mass
+    at = tl.min(tl.where(p > t, c, (vocab - 1) // chunk), 0)
+    before = tl.sum(tl.where(c == at - 1, p, 0.0), 0)
+    lo = at * chunk
+    return search_light(row_ptr, x_max, temperature, t, lo, tl.minimum(lo + chunk, vocab), before, BLOCK)
+
+
+@triton.jit
 def _in_rule(u, tie_rank, cut, room):
     return (u > cut) | ((u == cut) & (tie_rank < room))
 
@@ -364,24 +414,26 @@ def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.cons
     whose preceding mass is prefix0: the smallest v whose inclusive prefix exceeds t, else
     the largest v with e_v > 0. A step's weights are summed first (float32, widened: one
     reduction per step); only the step where the prefix crosses t runs the index-order
-    float64 cumsum. The fallback (rounding left no crossing) scans back from hi."""
+    float64 cumsum. [lo, hi) is one chunk of a row (a few steps): the steps are read in a
+    software-pipelined loop without an early exit (a loop that exits waits out each step's
+    load: 9.6 us for the accept kernel's chunks of 5 steps on the H200, at 64 owners,
+    V = 151936 bf16). The fallback (rounding left no crossing) scans back from hi, past lo
+    when [lo, hi) holds no weight (a chunk picked on prefixes whose difference is rounding)."""
     prefix = tl.zeros((), dtype=tl.float64) + prefix0
     token = tl.zeros((), dtype=tl.int64) - 1
-    start = tl.zeros((), dtype=tl.int32) + lo
-    while (token < 0) & (start < hi):
+    for start in tl.range(lo, hi, BLOCK, num_stages=SEARCH_STAGES):
         offs = start + tl.arange(0, BLOCK)
         x, fin = load_row(row_ptr, offs, hi)
         e = tl.where(fin, weight(x, x_max, temperature), 0.0)
         step = tl.sum(e, 0).to(tl.float64)
-        if prefix + step > t:
+        if (token < 0) & (prefix + step > t):  # (later steps leave the token as it is)
             found = tl.min(tl.where(prefix + tl.cumsum(e.to(tl.float64), 0) > t, offs, hi), 0)
             token = tl.where(found < hi, found.to(tl.int64), token)
         prefix += step
-        start += BLOCK
     end = tl.zeros((), dtype=tl.int32) + hi
-    while (token < 0) & (end > lo):
+    while (token < 0) & (end > 0):
         offs = end - BLOCK + tl.arange(0, BLOCK)
-        x = sanitize(tl.load(row_ptr + offs, mask=(offs >= lo) & (offs < hi), other=float("-inf")))
+        x = sanitize(tl.load(row_ptr + offs, mask=(offs >= 0) & (offs < hi), other=float("-inf")))
         e = tl.where(x > float("-inf"), weight(x, x_max, temperature), 0.0)
         token = tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64)
         end -= BLOCK

@@ -1,15 +1,17 @@
 """`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
 
-Algorithm, five launches (no host synchronisation between them):
+Algorithm, four launches (no host synchronisation between them):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
    out as in `export/owners.py`; `launch.decide_config`: 4 KB steps, 4 warps): walks the
    owner layout and reads every row once (`sampling_rule.lane_stats`). Greedy and
    temperature-only rows are decided there (`sampling_rule.light_decision`), without
    searching for the token where "y == draft" can be answered without it: (token or -2,
-   match, x_max, mass) to scratch. A top-k / top-p row leaves its lane maxima and masses
-   and its stats in scratch (`filtered.store_lanes`) and a mark with its (owner, j) pair;
-   an unused slot gets its own mark.
+   match, x_max, mass) to scratch; a temperature-only row also leaves the prefix mass at
+   the end of each of its chunks (`launch.prefix_chunks`: 8 chunks at most; `lane_stats`
+   with PREFIXES), so that its search, if any, reads one chunk. A top-k / top-p row
+   leaves its lane maxima and masses and its stats in scratch (`filtered.store_lanes`)
+   and a mark with its (owner, j) pair; an unused slot gets its own mark.
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: their
    bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
@@ -25,13 +27,13 @@ Algorithm, five launches (no host synchronisation between them):
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
    registers, the long-list search, the general path; 224 registers, 1 program per SM),
    so the launches above keep their occupancy.
-4. `verify_chunks_kernel` (not for the greedy op), one program per (owner, chunk):
-   where an owner's first unmatched j (the last row never matches: no draft follows
-   it) is a temperature-only row, that row's chunk stats (`launch.split_rows`: 16
-   chunks at most), so that many programs share the one search per owner.
-5. `verify_accept_kernel`, one program per owner: the first unmatched j, then y
-   there: a temperature-only row searches only the chunk where the prefix mass
-   crosses t (`sampling_rule.light_token_from_chunks`).
+4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
+   never matches: no draft follows it), then y there: a temperature-only row searches
+   only the chunk where its prefix mass crosses t
+   (`sampling_rule.light_token_from_prefixes`). (Before, a launch of (owner, chunk)
+   programs read the row again for chunk stats: 13.4 us at 64 x 16 rows, V = 151936
+   bf16, temperature 0.8, on the H200; the prefixes cost about as much in the first
+   launch, but that launch is gone from the top-k / top-p modes, where it took 4.4 us.)
 
 Greedy owners take the argmax path inside the same launch. Invalid, empty and
 not-admitted owners give (0, -1) and read nothing.
@@ -48,11 +50,11 @@ from torch.library import triton_op, wrap_triton
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
-                     split_rows)
+                     prefix_chunks)
 from .filtered import (RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, needs_mass, results_of,
                        stats_of, store_lanes)
-from .sampling_rule import (LANE_BITS, chunk_stats, decide_light, is_light, lanes_and_stats, light_decision,
-                            light_token_from_chunks, valid_draft)
+from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
+                            light_token_from_prefixes, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -73,7 +75,7 @@ def _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O: tl.constex
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
+                       num_rows, num_owners, vocab, chunk, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                        STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     """The rows, in two launches of this kernel (two compiled instances, each with the registers
@@ -104,22 +106,24 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
         else:
             _decide_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
                         tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, owner, j, row,
-                        draft, work, results, BLOCK, BUF, STAGES)
+                        draft, work, results, chunk, BLOCK, BUF, STAGES)
 
 
 @triton.jit
 def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, owner, j, row, draft,
-                work, results, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+                work, results, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
     """The pass of every row of the sampling op, in one copy of `lane_stats` (registers, code
-    size): a greedy or temperature-only row is decided (`light_decision`); a top-k / top-p row
+    size): a greedy or temperature-only row is decided (`light_decision`; a temperature-only
+    row leaves its chunks' prefix masses for the accept kernel's search); a top-k / top-p row
     (draft -1: no mass below it; the mass only for top-p alone, as in `filtered_lanes`) keeps
     its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
     light = is_light(temperature, top_k, top_p, vocab)
     d = tl.where(light, valid_draft(draft, vocab), -1)
     # (NaN temperature compares false: greedy)
     sampling = tl.where(light, temperature > 0, needs_mass(top_k, top_p, vocab))
-    lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(row_ptr, vocab, temperature, d, sampling,
-                                                                           BLOCK, STAGES)
+    lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
+        row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
+        prefixes=light & sampling, PREFIXES=True)
     if light:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
                                       tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
@@ -170,7 +174,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 @triton.jit
 def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                            temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                           num_rows, num_owners, vocab, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                           num_rows, num_owners, vocab, chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
                            BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
     """The decision of each row the FILTERED row launch marked FILTERED_ROW; the other
     programs exit after one load. (The layout arguments, shared with the row launches, go
@@ -217,27 +221,10 @@ def _first_miss(work_ptr, start, n, BUF: tl.constexpr, WORK: tl.constexpr, BLOCK
 
 
 @triton.jit
-def parts_of(work, BUF: tl.constexpr):
-    """A temperature-only row's chunk partials in its scratch row: after its results and stats."""
+def prefixes_of(work, BUF: tl.constexpr):
+    """A temperature-only row's chunk-end prefix masses in its scratch row (2 words per chunk,
+    `sampling_rule.store_prefix`): after its results and stats."""
     return results_of(work, BUF) + RESULTS + STATS
-
-
-@triton.jit
-def verify_chunks_kernel(logits_ptr, stride, offsets_ptr, temperature_ptr, work_ptr, num_rows, num_owners,
-                         vocab, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
-                         STAGES: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_J: tl.constexpr):
-    """Program (owner, c): where the owner's first unmatched row is a temperature-only row
-    whose token is still to be searched (-2), chunk c of that row's stats (`chunk_stats`), so
-    that the accept kernel searches one chunk instead of the whole row."""
-    owner = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    start, n, first_row = owner_layout(offsets_ptr, num_owners, num_rows, owner, BLOCK_O)
-    if n > 0:
-        miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
-        work = work_ptr + (start + miss) * WORK
-        if tl.load(results_of(work, BUF)) == -2:  # (a temperature-only row: T > 0)
-            chunk_stats(logits_ptr + (first_row + miss) * stride, vocab, tl.load(temperature_ptr + owner), c, chunk,
-                        parts_of(work, BUF) + c * 4, BLOCK, STAGES)
 
 
 @triton.jit
@@ -257,10 +244,13 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         token = tl.load(results_of(work, BUF))
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
             if token == -2:  # a temperature-only row: search its token in the chunk that holds it
+                results = results_of(work, BUF)
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
-                token = light_token_from_chunks(logits_ptr + (first_row + miss) * stride, vocab,
-                                                tl.load(temperature_ptr + owner), u, parts_of(work, BUF), chunk,
-                                                SPLITS, BLOCK)
+                x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
+                mass = tl.load(results + 3).to(tl.float64, bitcast=True)
+                token = light_token_from_prefixes(logits_ptr + (first_row + miss) * stride, vocab,
+                                                  tl.load(temperature_ptr + owner), u, x_max, mass,
+                                                  prefixes_of(work, BUF), chunk, SPLITS, BLOCK)
     tl.store(accepted_ptr + owner, accepted)
     tl.store(next_token_ptr + owner, token)
 
@@ -277,9 +267,10 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     width = scratch_width(heavy.buf)
     work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
     if num_rows > 0 and num_owners > 0:
-        args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
-                seed, work, num_rows, num_owners, vocab)
         decide = decide_config(vocab, block, logits.element_size())
+        chunk, splits = prefix_chunks(vocab, decide.block)
+        args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
+                seed, work, num_rows, num_owners, vocab, chunk)
         wrap_triton(verify_rows_kernel)[(num_rows,)](
             *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
@@ -291,12 +282,6 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
                 num_warps=heavy.warps)
-        chunk, splits = split_rows(vocab, decide.block)
-        if not greedy:
-            wrap_triton(verify_chunks_kernel)[(num_owners, splits)](
-                logits, logits.stride(0), offsets, temperature, work, num_rows, num_owners, vocab, chunk,
-                BLOCK=decide.block, BUF=heavy.buf, WORK=width, STAGES=decide.stages, BLOCK_O=BLOCK_O,
-                BLOCK_J=BLOCK_J, num_warps=decide.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,

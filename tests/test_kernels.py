@@ -104,6 +104,31 @@ def test_temperature_rows_over_many_online_max_steps():
     assert accepted >= 5  # planted drafts were accepted: the match test was exercised
 
 
+def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
+    """A temperature-only row's token search reads one chunk, picked on the prefix masses its
+    pass stored at each chunk end (kernels/verify.py). Rows of 8 chunks (block 16: chunks of
+    32), whole chunks of -inf (the prefixes on both ends are equal: such a chunk is never
+    picked; here in pieces of 16, so some chunks are half -inf), and
+    drafts that mostly miss, so that most owners search: tokens must be the reference's, and
+    they must come from many chunks (the test reaches past the first)."""
+    g = torch.Generator().manual_seed(31)
+    vocab, chunks = 250, set()
+    for _ in range(10):
+        inp = cases.verify_case(g, vocab, 64, 8, torch.float32)
+        owners = inp["offsets"].shape[0] - 1
+        inp.update(temperature=torch.rand(owners, generator=g) * 2 + 0.3, top_k=torch.zeros(owners, dtype=torch.int64),
+                   top_p=torch.ones(owners))
+        x = inp["logits"].view(inp["logits"].shape[0], -1)
+        for r in range(x.shape[0]):
+            for c in torch.nonzero(torch.rand(vocab // 16 + 1, generator=g) < 0.3).flatten().tolist():
+                x[r, 16 * c:16 * c + 16] = float("-inf")
+        inp = _to(inp)
+        got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=16)
+        _check_verify(inp, got)
+        chunks |= set((got[1][got[1] >= 0] // 32).tolist())
+    assert len(chunks) == 8
+
+
 @pytest.mark.parametrize("block", [None, 16])
 def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
     """The light pass skips NaN / +inf handling per logit and runs a row again, sanitized,
