@@ -1,7 +1,7 @@
 """Time dflash_verify's light row launch under other launch configs (GPU; not a test).
 
 `launch.decide_config` (the first row launch, which reads every row and decides greedy and
-temperature-only rows, and the chunk / accept launches; the FILTERED row launch takes its
+temperature-only rows, and the accept launch; the FILTERED row launch takes its
 step: `launch.filtered_rows_config`) is replaced by each config given, the op is timed
 at the headline shape (64 owners x 16 rows, V = 151936) as `bench_verify.py` times it (a
 captured graph of >= 4 calls, median of do_bench) and its launches are profiled:
@@ -37,7 +37,7 @@ def parse_config(text: str) -> tuple[int, int, int]:
 
 
 def use(nbytes: int, warps: int, stages: int) -> None:
-    """Make `verify.launch` take this config for its light row launch (and chunks / accept)."""
+    """Make `verify.launch` take this config for its light row launch (and accept)."""
 
     def decide_config(vocab, block=None, itemsize=2):
         logits = nbytes // itemsize if block is None else block

@@ -73,10 +73,11 @@ def pass_step(nbytes: int, vocab: int, block: int | None, itemsize: int) -> int:
 def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
     """The config of `dflash_verify`'s first row launch, which reads every row (decides greedy
     and temperature-only rows, leaves the lanes of top-k / top-p rows for the FILTERED launch),
-    and of its chunk and accept launches: 4 KB steps, 4 warps, 5 stages. Registers on sm_90,
-    bf16: 90 (5 programs, 20 warps per SM; 89 before it ran the top-k / top-p rows' pass too),
-    48 greedy; float16 107 (4 programs), float32 70. The FILTERED path in the same
-    launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
+    and of its accept launch: 4 KB steps, 4 warps, 5 stages. Registers on sm_90,
+    bf16: 96 with the chunk-end prefixes of f73701a (5 programs, 20 warps per SM; 90 before
+    them, 89 before it ran the top-k / top-p rows' pass too), 48 greedy; float16 96 (107
+    before the prefixes: 4 programs), float32 80 with an 8-byte stack (70 before). The
+    FILTERED path in the same launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
     151936, bf16; us of the row launches): with one launch for every row, 4 KB / 4 warps
     against the light 8 KB / 8 warps took the temperature pass 121.9 -> 100.5 us (programs
     wait at their barriers for 4 warps, not 8); split off, 4 KB / 4 warps 100.3 us, 3 stages
@@ -117,7 +118,9 @@ def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
     a row's prefix mass at each chunk end (a block reduction in its pass), the accept kernel's
     search reads one chunk. Measured on the H200 (64 x 16 rows, V = 151936 bf16, temperature
     0.8; row launches + accept): 16 chunks 112.7 + 8.2 us, 8 chunks 106.7 + 10.7 us (the
-    launch that read the chunks instead: 98.2 + 13.4 + 8.2 us)."""
+    launch that read the chunks instead: 98.2 + 13.4 + 8.2 us). With 16 chunks, a reduction
+    per warp (no block barrier) took the row launches 110.8 us, each lane's (max, mass) stored
+    unreduced (31 MB of writes) 106.9 us and a 13.5 us accept."""
     return split_rows(vocab, block, PREFIX_SPLITS)
 
 

@@ -225,7 +225,9 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     PREFIXES (and `prefixes` true; lo = 0, `chunk` a multiple of BLOCK): at the end of every
     `chunk` logits but the row's last, the row's prefix mass so far (`store_prefix`: a block
     reduction of the lanes) into the word pairs from prefix_ptr, so that a search for the
-    token needs to read one chunk (`light_token_from_prefixes`)."""
+    token needs to read one chunk (`light_token_from_prefixes`). Each chunk end costs the
+    pass ~0.9 us (H200; a reduction per warp instead, or each lane's pair stored unreduced,
+    cost about as much: `launch.prefix_chunks`)."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True, prefix_ptr, chunk,
         prefixes, PREFIXES)
@@ -353,7 +355,9 @@ def light_token_from_prefixes(row_ptr, vocab, temperature, u, x_max, mass, prefi
     S) and the prefix masses it stored at the end of each chunk but the last (`lane_stats`
     with PREFIXES; SPLITS >= the row's chunks): t = u * S, and the search runs in the first
     chunk whose end prefix (rescaled to the row max) exceeds t, from the prefix before it.
-    The last chunk ends at S itself, which t < S does not reach."""
+    The last chunk ends at S itself, which t < S does not reach. A prefix is rescaled twice
+    (lanes to their max at the chunk end, that max to the row's: float32 weights, a few ulps
+    from SPEC.md's), far inside the 1e-6 * S band where a decision may differ."""
     c = tl.arange(0, SPLITS)
     inside = c < (vocab + chunk - 1) // chunk - 1  # chunks that end inside the row
     m = tl.load(prefix_ptr + 2 * c, mask=inside, other=0).to(tl.int32).to(tl.float32, bitcast=True)

@@ -107,18 +107,18 @@ def test_temperature_rows_over_many_online_max_steps():
 def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
     """A temperature-only row's token search reads one chunk, picked on the prefix masses its
     pass stored at each chunk end (kernels/verify.py). Rows of 8 chunks (block 16: chunks of
-    32), whole chunks of -inf (the prefixes on both ends are equal: such a chunk is never
-    picked; here in pieces of 16, so some chunks are half -inf), and
-    drafts that mostly miss, so that most owners search: tokens must be the reference's, and
-    they must come from many chunks (the test reaches past the first)."""
+    32 logits) with pieces of 16 -inf logits (chunks half or wholly without mass: equal
+    prefixes on both ends, never picked), drafts that mostly miss, so that most owners
+    search: tokens must be the reference's, from every chunk. (It catches a chunk picked
+    against t * 1.02 instead of t, or a search from 0.99 of the chunk's preceding mass.)"""
     g = torch.Generator().manual_seed(31)
     vocab, chunks = 250, set()
     for _ in range(10):
         inp = cases.verify_case(g, vocab, 64, 8, torch.float32)
         owners = inp["offsets"].shape[0] - 1
-        inp.update(temperature=torch.rand(owners, generator=g) * 2 + 0.3, top_k=torch.zeros(owners, dtype=torch.int64),
-                   top_p=torch.ones(owners))
-        x = inp["logits"].view(inp["logits"].shape[0], -1)
+        inp.update(temperature=torch.rand(owners, generator=g) * 2 + 0.3,
+                   top_k=torch.zeros(owners, dtype=torch.int64), top_p=torch.ones(owners))
+        x = inp["logits"]
         for r in range(x.shape[0]):
             for c in torch.nonzero(torch.rand(vocab // 16 + 1, generator=g) < 0.3).flatten().tolist():
                 x[r, 16 * c:16 * c + 16] = float("-inf")
