@@ -241,10 +241,10 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         miss = _first_miss(work_ptr, start, n, BUF, WORK, BLOCK_J)
         accepted = miss
         work = work_ptr + (start + miss) * WORK
-        token = tl.load(results_of(work, BUF))
+        results = results_of(work, BUF)
+        token = tl.load(results)
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
-            if token == -2:  # a temperature-only row: search its token in the chunk that holds it
-                results = results_of(work, BUF)
+            if token == -2:  # a temperature-only row: search its token in the chunk that holds it (`store_results`)
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
                 x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
                 mass = tl.load(results + 3).to(tl.float64, bitcast=True)
