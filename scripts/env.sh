@@ -16,6 +16,7 @@ REQUIREMENTS=(
   "scipy"
   "safetensors"
   "pytest>=8"
+  "pytest-xdist"
   "cmake>=3.28,<4"
 )
 

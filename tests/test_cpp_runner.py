@@ -34,7 +34,10 @@ def _missing_toolchain() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing_toolchain() is not None, reason=str(_missing_toolchain()))
+pytestmark = [
+    pytest.mark.skipif(_missing_toolchain() is not None, reason=str(_missing_toolchain())),
+    pytest.mark.xdist_group("cpp_runner"),  # one worker builds the runner and exports once
+]
 
 
 def _heads_yaml(directory: Path) -> Path:

@@ -19,7 +19,10 @@ from test_models import small_drafter, small_target
 CONFIGS = ("tiny-dflash-greedy", "tiny-dflash-sampling")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),  # conftest.py
+    pytest.mark.xdist_group("dflash_program"),  # one worker exports the module's program once
+]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from dflash_et.export import artifact, config, driver, exporter, methods
 from dflash_et.lowering.cuda import fuse_heads
 from dflash_et.lowering.graph_program import graph_program
 
+pytestmark = pytest.mark.xdist_group("fused_programs")  # one worker traces and fuses each config once
+
 
 @pytest.fixture(scope="module", params=["greedy", "sampling"])
 def fused(request):

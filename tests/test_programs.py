@@ -9,6 +9,8 @@ import torch
 
 from dflash_et.export import artifact, check, config, exporter, methods
 
+pytestmark = pytest.mark.xdist_group("programs")  # one worker exports the built-in programs once
+
 
 @pytest.fixture(scope="module")
 def builtin_artifacts(tmp_path_factory):
