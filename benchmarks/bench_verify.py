@@ -315,6 +315,21 @@ def main(argv=None) -> int:
         say(f"| dflash_verify, flat rows | {owners * ROWS_PER_OWNER} | {vocab} | bfloat16 | {mode} | "
             f"{ms * 1e3:.1f} | {ms / (nbytes / bw * 1e3):.2f} |")
 
+    # What one read of the same logits costs torch's own reduction kernel: the floor a launch
+    # of that size reaches in practice (at 64 rows the bandwidth floor is a few us, where the
+    # ramp-up and tail of a single launch weigh in).
+    say()
+    say("One read of the logits by torch (`torch.amax(logits, -1)`, one reduction kernel, graph-captured):")
+    say()
+    say("| rows | V | dtype | us | x floor |")
+    say("|---|---|---|---|---|")
+    for vocab, rows in itertools.product(vocabs, (64 * ROWS_PER_OWNER, 64)):
+        nbytes = rows * vocab * 2
+        n_copies = max(MIN_COPIES, math.ceil(ROTATE_BYTES / nbytes))
+        argsets = [[realistic_logits(g, rows, vocab, torch.bfloat16)] for _ in range(n_copies)]
+        ms = graph_ms(lambda x: torch.amax(x, -1), argsets)
+        say(f"| {rows} | {vocab} | bfloat16 | {ms * 1e3:.1f} | {ms / (nbytes / bw * 1e3):.2f} |")
+
     if parts:
         say()
         say("Per-kernel CUDA time (torch.profiler), us per call:")

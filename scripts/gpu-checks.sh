@@ -53,7 +53,7 @@ sanitizer)
   echo "compute-sanitizer exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
   ;;
 lowering)
-  timeout 400 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
+  timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
     | grep -E "cuda \{|passed|failed|Error"
   ;;
 dflash)
