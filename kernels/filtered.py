@@ -59,8 +59,8 @@ import triton.language as tl
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
 from .dense_collect import walk_collect
 from .nucleus import nucleus_token, wide_list
-from .sampling_rule import (INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
-                            lanes_and_stats, pack_key, scan_row)
+from .sampling_rule import (INT64_MIN, KEY_OFFSET, KEY_TOP, LANE_BITS, decide_filtered, filters, key_weight,
+                            lanes_and_stats, pack_key, scan_row, slow_token)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -325,9 +325,11 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         # than CAP of its <= BUF candidates took the general path and its key searches over the
         # row, ~1-2 ms in one program on the H200).
         small = (count >= 0) & (count <= SMALL) & (count <= BUF)  # (BUF < SMALL only with test overrides)
+        lo_p = tl.zeros((), dtype=tl.int64) - 1  # unsigned keys known to hold the top-p cut (none yet)
+        hi_p = tl.zeros((), dtype=tl.int64) + KEY_TOP
         if small:
-            token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, k,
-                                    count, use_k, use_p, listed(buf_ptr, count, BUF, SMALL), BLOCK, False)
+            token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
+                                    listed(buf_ptr, count, BUF, SMALL))
         if not SMALL_ONLY:
             # top-p alone: a list whose mass falls short of the target cannot decide the row; it
             # skips the sorts of up to BUF candidates (~100 us in one program on the H200) for a
@@ -338,21 +340,25 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             if top_p_alone & reach:
                 reach = _candidate_mass(buf_ptr, count, x_max, temperature) >= target
             if ~small & (count >= 0) & (count <= BUF) & (reach | ~top_p_alone):
-                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, vocab, mass, k, k,
-                                        count, use_k, use_p, listed(buf_ptr, count, BUF, BUF), BLOCK, False)
+                token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
+                                        listed(buf_ptr, count, BUF, BUF))
+            wide = lo_p < -1  # (false) the bins show the CAP best tokens short of the target
             if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
                 if not (reach & (count > BUF)):  # short of the target, or more than the list holds: `wide_list`
-                    n = wide_list(row_ptr, vocab, x_max, temperature, target, keys_of(buf_ptr),
-                                  keys_of(buf_ptr) + 2 * BUF, 2 * BUF)
+                    n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target, keys_of(buf_ptr),
+                                                    keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
                 if n > 0:
                     token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
                                           top_p, mass, u, arg, vocab, 2 * BUF)
-            if token == -4:  # no bound, too many candidates, or a top-p prefix short of the target
+            if (token == -4) & ~wide:  # no bound, too many candidates, or a top-p prefix short of the target:
+                # the CAP best tokens (a flat top-p row, which they cannot decide, skips this pass and the sorts)
                 count, finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
                 slots = tl.arange(0, BUF)
                 tl.debug_barrier()  # the buffer was written by other threads
                 packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
-                token = decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass, k, want,
-                                        count, use_k, use_p, packed, BLOCK, True)
+                token = decide_filtered(temperature, top_p, u, x_max, finite, mass, k, want, count, use_k, use_p, packed)
+            if token == -4:  # the key searches over the row
+                token = slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass, k, use_k, use_p, lo_p, hi_p,
+                                   BLOCK)
     return token

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from .common import FLT_MAX, key_value, unsigned_key, weight
 from .dense_collect import WALK_BYTES, WALK_PAIRS, WALK_STAGES, walk_collect
-from .sampling_rule import KEY_OFFSET, PIVOTS, key_weight, load_row, tie_room
+from .sampling_rule import KEY_OFFSET, KEY_TOP, PIVOTS, key_weight, load_row, tie_room
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
 TIES_BELOW = tl.constexpr(1)  # the number of entries tied at the cut with index < pivot
@@ -129,13 +129,48 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
 
 
 @triton.jit
-def wide_bound(row_ptr, vocab, x_max, temperature, room, target):
+def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
+    """What `wide_bound`'s bins tell of a top-p-alone row's cut (the largest key c with
+    mass(key >= c) >= target; the row's mass S = `mass`) for the general path: unsigned keys
+    (lo, hi) with lo <= cut <= hi, and whether the CAP best tokens surely fall short of the
+    target (then `scan_row`'s candidates cannot decide the row). Bin j's weights lie in
+    [e^(-(j+1) / 8), e^(-j / 8)] (the open bin 255: [0, e^(-255 / 8)]), so the mass of bins
+    0..b lies between the sums of those bounds, tightened by S minus the other bins' (0.01 %
+    margin: float32 weights and bins round far closer). The first bins that surely reach the
+    target lie above the edge below them, so the cut is at least that edge's key; the last
+    bins that surely fall short hold every token above the edge above them, so the cut is
+    below that edge's key. Each edge is taken one bin further out (the bins' float32
+    arithmetic and a key may round differently at an edge); the cut is at most x_max's key.
+    No edges where they would round by more than a bin: T = +inf (one bin) or bins narrower
+    than 2^-16 of |x_max|."""
+    b = tl.arange(0, WIDE_BINS)
+    n = acc.to(tl.float64)
+    top = n * tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64)  # bin b's mass at most
+    bottom = n * tl.where(b < WIDE_BINS - 1, tl.exp(-(b + 1).to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0.0)
+    above_top = tl.cumsum(top, 0)  # bins 0..b
+    above_bottom = tl.cumsum(bottom, 0)
+    upper = tl.minimum(above_top, mass - (tl.sum(bottom, 0) - above_bottom))
+    lower = tl.maximum(above_bottom, mass - (tl.sum(top, 0) - above_top))
+    first = tl.min(tl.where(lower >= target * 1.0001, b, WIDE_BINS), 0)  # bins 0..first surely reach the target
+    last = tl.max(tl.where(upper * 1.0001 < target, b, -1), 0)  # bins 0..last surely fall short of it
+    useful = (scale > 0) & (tl.abs(x_max) * scale <= 65536.0)
+    lo = tl.where(useful & (first < WIDE_BINS), unsigned_key(x_max - (first + 2).to(tl.float32) / scale), -1)
+    hi = tl.where(useful & (last >= 0), unsigned_key(x_max - (last - 1).to(tl.float32) / scale) - 1, KEY_TOP)
+    hi = tl.minimum(hi, unsigned_key(x_max))
+    before = (tl.cumsum(acc, 0) - acc).to(tl.int64)  # tokens in the bins above bin b
+    best = tl.minimum(acc.to(tl.int64), tl.maximum(CAP - before, 0))  # bin b's share of the CAP best tokens
+    cap_short = tl.sum(best.to(tl.float64) * tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0) * 1.0001 < target
+    return lo, hi, cap_short
+
+
+@triton.jit
+def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.constexpr):
     """One pass: the unsigned key of the lowest bin edge x_max - b * T / BINS_PER_UNIT
     (b >= 1) with at most `room` finite tokens at or above it, from their counts per bin of
     (x_max - x) / T; -1 when the first bin holds more (T = +inf: every finite token in it),
     or when those tokens cannot reach `target` (the mass at the row max: bin j's weights are
     at most e^(-j / BINS_PER_UNIT), 0.1 % margin): a flat row's nucleus, wider than the list,
-    costs this pass and no collect."""
+    costs this pass and no collect. Then `_cut_bracket` of the same bins."""
     scale = tl.minimum(BINS_PER_UNIT.value / temperature, FLT_MAX)
     acc = tl.zeros((WIDE_BINS,), dtype=tl.int32)
     WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
@@ -151,15 +186,20 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, target):
     top = tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64)  # the largest weight in bin b
     reach = tl.sum(tl.where(b <= last, acc.to(tl.float64) * top, 0.0), 0) * 1.001 >= target
     edge = x_max - (last + 1).to(tl.float32) / scale
-    return tl.where((last >= 0) & reach, unsigned_key(edge), -1)
+    lo, hi, cap_short = _cut_bracket(acc, x_max, scale, mass, target, CAP)
+    return tl.where((last >= 0) & reach, unsigned_key(edge), -1), lo, hi, cap_short
 
 
 @triton.jit
-def wide_list(row_ptr, vocab, x_max, temperature, target, key_ptr, index_ptr, LIST: tl.constexpr):
-    """A top-p row's own list (see the module docstring) for the mass `target`: its length, or
-    -1 without one (no bound that can reach the target, or more tokens above it than LIST)."""
-    theta = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, target)
+def wide_list(row_ptr, vocab, x_max, temperature, mass, target, key_ptr, index_ptr, LIST: tl.constexpr,
+              CAP: tl.constexpr):
+    """A top-p row's own list (see the module docstring) for the mass `target` (of the row's
+    `mass`): its length, or
+    -1 without one (no bound that can reach the target, or more tokens above it than LIST);
+    and `_cut_bracket`'s (lo, hi, CAP best fall short) for the general path."""
+    theta, lo, hi, cap_short = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, mass, target,
+                                          CAP)
     count = tl.zeros((), dtype=tl.int64) - 1
     if theta >= 0:
         count = walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST)
-    return tl.where(count <= LIST, count, -1)
+    return tl.where(count <= LIST, count, -1), lo, hi, cap_short

@@ -42,6 +42,7 @@ INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
 FLT_MAX_KEY = tl.constexpr(4286578687)  # the unsigned key of FLT_MAX (a sanitized +inf)
+KEY_TOP = tl.constexpr(4294967295)  # the largest unsigned key (no upper bound on a cut)
 LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
 # combine_lanes and filtered.collect (one 16-byte load per lane)
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
@@ -485,17 +486,20 @@ def _total_above(row_ptr, vocab, x_max, temperature, pivot, COUNT: tl.constexpr,
 
 
 @triton.jit
-def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, target, COUNT: tl.constexpr,
+def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, hi_key, target, COUNT: tl.constexpr,
                       BLOCK: tl.constexpr):
-    """The largest key c in [lo, 2^32) whose total over keys >= c (COUNT: tokens, else mass)
-    reaches `target`, given that lo's does: a search over PIVOTS keys per pass (the totals
-    fall as c rises, so the pivots that reach it are a prefix).
+    """The largest key c in [lo, hi_key] whose total over keys >= c (COUNT: tokens, else mass)
+    reaches `target`, given that lo's does (lo = -1: every key's) and that the answer is at
+    most hi_key: a search over PIVOTS keys per pass (the totals fall as c rises, so the
+    pivots that reach it are a prefix); each pass narrows [lo, hi_key] 5-fold.
 
     bfloat16 / float16 rows: a search over the values the dtype holds (7 or 9 passes instead
     of 14). Their keys' low SHIFT bits are all zeros (x >= 0) or all ones (x < 0), so
     key >> SHIFT orders them and "key >= q << SHIFT" is "key >> SHIFT >= q". +inf sanitized
     to FLT_MAX is no bfloat16 / float16 value: its group (shared with bfloat16's largest
-    finite value) takes one more pass to tell FLT_MAX's key from the group's."""
+    finite value) takes one more pass to tell FLT_MAX's key from the group's. The search
+    starts one group below lo's (lo need not be a value's key: `nucleus._cut_bracket`'s is
+    a bin edge's), so the answer, in a group above, is a value's key."""
     BF16: tl.constexpr = row_ptr.dtype.element_ty == tl.bfloat16
     F16: tl.constexpr = row_ptr.dtype.element_ty == tl.float16
     SHIFT: tl.constexpr = 16 if BF16 else (13 if F16 else 0)
@@ -504,7 +508,9 @@ def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, target, COUNT: tl.
     HALF_Q: tl.constexpr = 32768 if BF16 else 262144  # KEY_OFFSET >> SHIFT: groups of x >= 0 from here
     FLT_MAX_Q: tl.constexpr = 65407 if BF16 else 523263  # FLT_MAX_KEY >> SHIFT
     q = lo >> SHIFT  # (lo = -1 stays -1)
-    hi = tl.zeros((), dtype=tl.int64) + TOP_Q
+    if SHIFT > 0:
+        q = tl.where(lo >= 0, q - 1, q)
+    hi = tl.minimum(tl.zeros((), dtype=tl.int64) + TOP_Q, hi_key >> SHIFT)
     i = tl.arange(0, PIVOTS).to(tl.int64) + 1
     q_lo = q
     while hi > q:
@@ -540,16 +546,19 @@ def tie_room(target, above, e_cut, vocab):
 
 
 @triton.jit
-def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all, BLOCK: tl.constexpr):
+def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all, lo_p, hi_p,
+                BLOCK: tl.constexpr):
     """Cut rules of top-k and top-p by a search over keys (the kept set reaches past the
     candidates). Every pass counts or sums the tokens above a key, with no tie rule: the
     top-k set's total is the mass above cut_k plus room_k tied weights (top-p alone: the
     row's mass S, `mass_all`), and for keys above cut_k (where the top-p cut lies) "kept by
-    top-k and above c" is "above c"."""
+    top-k and above c" is "above c". [lo_p, hi_p]: unsigned keys known to hold the top-p
+    cut (-1, KEY_TOP: none known)."""
     cut_k = tl.zeros((), dtype=tl.int64) - 1
     room_k = tl.zeros((), dtype=tl.int64)
     if use_k:  # the k-th best key: the largest c with count(u >= c) >= k
-        cut_k = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, k.to(tl.float64), True, BLOCK)
+        cut_k = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, tl.zeros((), dtype=tl.int64) + KEY_TOP,
+                                  k.to(tl.float64), True, BLOCK)
         room_k = k - _total_above(row_ptr, vocab, x_max, temperature, cut_k, True, BLOCK).to(tl.int64)
     cut_p = tl.zeros((), dtype=tl.int64) - 1
     room_p = tl.zeros((), dtype=tl.int64)
@@ -563,7 +572,8 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass
         # The cut: the smallest key whose kept mass strictly above stays under the target;
         # the largest c with mass(u > c - 1) >= target is one below it (at least cut_k: every
         # key up to cut_k has the whole top-k set above it).
-        cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, target, False, BLOCK)
+        cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, tl.maximum(cut_k, lo_p), hi_p, target, False,
+                                  BLOCK)
         above = _total_above(row_ptr, vocab, x_max, temperature, cut_p, False, BLOCK)
         room_p = tie_room(target, above, key_weight(cut_p, x_max, temperature), vocab)
     return cut_k, room_k, cut_p, room_p
@@ -627,14 +637,26 @@ def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_m
 
 
 @triton.jit
-def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, mass_all, k, want,
-                    count, use_k, use_p, packed, BLOCK: tl.constexpr, SLOW: tl.constexpr = True):
+def slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass_all, k, use_k, use_p, lo_p, hi_p,
+               BLOCK: tl.constexpr):
+    """The token of a top-k / top-p row from passes over the row (the kept set reaches past
+    the candidates): the cuts by key searches (`_slow_rules`; [lo_p, hi_p] holds the top-p
+    cut), the kept mass, then SPEC.md step 7."""
+    cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all,
+                                               lo_p, hi_p, BLOCK)
+    total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, BLOCK)
+    return search_row(row_ptr, vocab, x_max, temperature, u.to(tl.float64) * total, cut_k, room_k, cut_p, room_p, arg,
+                      BLOCK)
+
+
+@triton.jit
+def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, count, use_k, use_p, packed):
     """The token of a top-k / top-p row from its `count` (<= BUF) candidates `packed` ([BUF]
     packed entries: `pack`, INT64_MIN past count), which in SPEC.md's order start with the
     row's min(count, want) best tokens (a prefix of the order). Resolved there when that
     prefix holds the whole top-k set, or (top-p alone) when its mass reaches top_p * S:
-    every later token's C(r-1) is then >= the target. Otherwise the slow path over the row
-    (SLOW: key searches), or -4 (not decided)."""
+    every later token's C(r-1) is then >= the target. Otherwise -4 (not decided: `slow_token`
+    decides from passes over the row)."""
     BUF: tl.constexpr = packed.shape[0]
     rank = tl.arange(0, BUF)
     packed = tl.sort(packed, descending=True)
@@ -657,10 +679,4 @@ def decide_filtered(row_ptr, vocab, temperature, top_p, u, x_max, arg, finite, m
     token = tl.zeros((), dtype=tl.int64) - 4
     if resolved:
         token = _search_candidates(packed, kept, x_max, temperature, u, BUF)
-    elif SLOW:
-        cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k,
-                                                   use_k, use_p, mass_all, BLOCK)
-        total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, BLOCK)
-        token = search_row(row_ptr, vocab, x_max, temperature, u.to(tl.float64) * total, cut_k, room_k,
-                           cut_p, room_p, arg, BLOCK)
     return token

@@ -18,7 +18,7 @@ from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
-from dflash_et.kernels import sampling_rule
+from dflash_et.kernels import nucleus, sampling_rule
 from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
@@ -398,6 +398,86 @@ def test_wide_top_p_nuclei_get_a_list_of_their_own(dtype, monkeypatch):
     _check_verify(owners, verified)
     flat = dict(inp, logits=(torch.randn(n, vocab, generator=g) * 0.05).to(dtype).to(DEVICE))
     assert _check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+@triton.jit
+def _bracket_kernel(x_ptr, stride, vocab, x_max_ptr, t_ptr, mass_ptr, target_ptr, out_ptr, CAP: tl.constexpr):
+    r = tl.program_id(0)
+    _, lo, hi, cap_short = nucleus.wide_bound(x_ptr + r * stride, vocab, tl.load(x_max_ptr + r), tl.load(t_ptr + r),
+                                              0, tl.load(mass_ptr + r), tl.load(target_ptr + r), CAP)
+    tl.store(out_ptr + 3 * r, lo)
+    tl.store(out_ptr + 3 * r + 1, hi)
+    tl.store(out_ptr + 3 * r + 2, cap_short.to(tl.int64))
+
+
+def _unsigned_key(x):
+    bits = x.to(torch.float32).view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_counting_pass_brackets_the_top_p_cut(dtype):
+    """`nucleus._cut_bracket`: from the counting pass's bins, unsigned keys lo <= cut <= hi
+    around the top-p cut (the largest key c with mass(key >= c) >= top_p * S), and whether
+    the CAP best tokens surely fall short of the target, against the cut and masses computed
+    here in float64. Rows: Gaussian (std 1 and 3) and rows whose logits sit exactly on the
+    bins' edges x_max - j * T / 8 (T = 1, 0.5), each at several top_p; the bracket must also
+    narrow the search (a few bins: far below the 2^32 keys of the general path)."""
+    g = torch.Generator().manual_seed(41)
+    vocab, cap = 300, 8
+    rows, temps, top_ps = [], [], []
+    for p in (0.05, 0.3, 0.5, 0.8, 0.9, 0.97, 0.999):
+        for t, x in ((1.0, torch.randn(vocab, generator=g)), (0.7, torch.randn(vocab, generator=g) * 3.0),
+                     (1.0, 2.0 - torch.randint(0, 40, (vocab,), generator=g) / 8.0),
+                     (0.5, 1.0 - torch.randint(0, 60, (vocab,), generator=g) * (0.5 / 8.0))):
+            rows.append(x)
+            temps.append(t)
+            top_ps.append(p)
+    x = torch.stack(rows).to(dtype).to(torch.float32)
+    t = torch.tensor(temps)
+    x_max = x.max(1).values
+    w = torch.exp((x - x_max[:, None]) / t[:, None]).to(torch.float64)
+    target = torch.tensor(top_ps, dtype=torch.float64) * w.sum(1)
+    order = torch.sort(x, dim=1, descending=True, stable=True)
+    cum = torch.cumsum(torch.gather(w, 1, order.indices), 1)
+    rank = (cum < target[:, None]).sum(1)  # the first rank whose inclusive mass reaches the target
+    cut = _unsigned_key(order.values.gather(1, rank[:, None]).squeeze(1))
+    cap_mass = cum[:, cap - 1]
+    out = torch.zeros(len(rows), 3, dtype=torch.int64, device=DEVICE)
+    _bracket_kernel[(len(rows),)](x.to(dtype).to(DEVICE), vocab, vocab, x_max.to(DEVICE), t.to(DEVICE),
+                                  w.sum(1).to(DEVICE), target.to(DEVICE), out, CAP=cap)
+    lo, hi, cap_short = out.cpu().unbind(1)
+    assert bool((lo <= cut).all()) and bool((cut <= hi).all()), (
+        f"rows {torch.nonzero((lo > cut) | (cut > hi)).flatten().tolist()}")
+    assert not bool((cap_short.bool() & (cap_mass >= target)).any())  # "short" only where it is
+    assert int(cap_short.sum()) > len(rows) // 2
+    assert bool((lo >= 0).all())
+    span = (_key_value(hi) - _key_value(lo)) / t  # in units of x / T: a few bins of 1 / 8 (0.25-1.6 here)
+    assert float(span.max()) < 2.0, span.tolist()
+
+
+def _key_value(key):
+    bits = (key - 2**31).to(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).view(torch.float32)
+
+
+def test_spread_top_p_rows_take_the_bracketed_key_searches():
+    """Top-p-alone rows spread over many bins (std 2 and 4 at T = 0.8), cap 8: their nuclei
+    are wider than any list, so the counting pass's bracket narrows the general path's key
+    searches and no `scan_row` pass runs (the bins show the 8 best short of the target);
+    parity through sample_rows and dflash_verify, float32 and bfloat16."""
+    g = torch.Generator().manual_seed(43)
+    n, vocab = 16, 300
+    logits = torch.randn(n, vocab, generator=g) * torch.tensor([2.0, 4.0]).repeat(n // 2)[:, None]
+    top_p = torch.tensor([0.3, 0.5123, 0.71, 0.9, 0.97, 0.999, 0.6, 0.85]).repeat(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        inp = _to({"logits": logits.to(dtype), "position": torch.arange(n) * 3, "temperature": torch.full((n,), 0.8),
+                   "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p, "seed": torch.arange(n) + 150})
+        assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+        owners = _to({"logits": logits.to(dtype), "tokens": torch.randint(0, vocab, (n,), generator=g),
+                      "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
+                      "temperature": inp["temperature"], "top_k": inp["top_k"], "top_p": top_p, "seed": inp["seed"]})
+        _check_verify(owners, verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS], cap=8, block=16))
 
 
 @pytest.mark.parametrize("step", [16, 32])
