@@ -50,7 +50,10 @@ without the sorts (~80 us) that could not decide it.
 Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
 top-p prefix still short of the target take the general path: `sampling_rule.scan_row`
 (streaming filter with buffer shrinks, and the finite count), then the same decision,
-with its slow path (key searches over the row) where the candidates do not settle it.
+then `sampling_rule.slow_token` (key searches over the row) where the candidates do not
+settle it. A top-p row whose counting-pass bins (`wide_list`) show that its CAP best tokens
+cannot reach the target skips `scan_row` and the sorts, and the bins bracket the key
+searches (`nucleus._cut_bracket`).
 """
 
 import triton
@@ -221,7 +224,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
 def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """A filtered row's pass: (lane maxima, lane masses, x_max, arg, lanes holding a finite logit,
     mass S). The mass only for top-p alone: with top-k, S_k is the top-k set's own (from its
-    candidates), and `decide_filtered` never reads S there (its slow path sums what it needs).
+    candidates), and `decide_filtered` never reads S there (`slow_token` sums what it needs).
     No finite count either (3 instructions per logit): `filtered_token` needs it only on the
     general path, and counts there; `finite` > 0 iff the row has a finite logit.
     (`verify_rows_kernel` runs the same `lanes_and_stats` in the launch that decides the light rows.)"""

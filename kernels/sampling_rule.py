@@ -24,8 +24,9 @@ threshold rises to the want-th key (later ties rank below it: higher index). Aft
 the pass the buffer, sorted in SPEC.md's order (logit descending, index ascending),
 starts with exactly the row's `want` best tokens. Only when the kept set reaches past
 them (top-k > CAP, or a top-p cut beyond the CAP best tokens: flat rows) does the
-row take the slow path: searches over keys, PIVOTS keys per count or mass pass
-(`_largest_true_key`), then a mass pass and a search pass (`search_row`).
+row take the slow path (`slow_token`): searches over keys, PIVOTS keys per count or
+mass pass (`_largest_true_key`, inside a key range that `nucleus._cut_bracket` may
+narrow), then a mass pass and a search pass (`search_row`).
 
 A *cut rule* describes a prefix of the order: a token with unsigned key u is in
 it iff u > cut, or u == cut and fewer than `room` tied tokens sit at lower

@@ -25,7 +25,7 @@ Algorithm, four launches (no host synchronisation between them):
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
-   registers, the long-list search, the general path; 224 registers, 1 program per SM),
+   registers, the long-list search, the general path; 226 registers on sm_90, 1 program per SM),
    so the launches above keep their occupancy.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
