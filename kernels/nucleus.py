@@ -146,7 +146,8 @@ def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
     target lie above the edge below them, so the cut is at least that edge's key; the last
     bins that surely fall short hold every token above the edge above them, so the cut is
     below that edge's key. Each edge is taken one bin further out (the bins' float32
-    arithmetic and a key may round differently at an edge); the cut is at most x_max's key.
+    arithmetic and a key may round differently at an edge); the cut is at most x_max's key
+    (for a target above 0).
     No edges where they would round by more than a bin: T = +inf (one bin) or bins narrower
     than 2^-16 of |x_max|."""
     b = tl.arange(0, WIDE_BINS)
@@ -162,7 +163,7 @@ def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
     useful = (scale > 0) & (tl.abs(x_max) * scale <= 65536.0)
     lo = tl.where(useful & (first < WIDE_BINS), unsigned_key(x_max - (first + 2).to(tl.float32) / scale), -1)
     hi = tl.where(useful & (last >= 0), unsigned_key(x_max - (last - 1).to(tl.float32) / scale) - 1, KEY_TOP)
-    hi = tl.minimum(hi, unsigned_key(x_max))
+    hi = tl.where(target > 0, tl.minimum(hi, unsigned_key(x_max)), hi)  # (target <= 0: every key's mass reaches it)
     before = (tl.cumsum(acc, 0) - acc).to(tl.int64)  # tokens in the bins above bin b
     best = tl.minimum(acc.to(tl.int64), tl.maximum(CAP - before, 0))  # bin b's share of the CAP best tokens
     cap_short = tl.sum(best.to(tl.float64) * tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0) * 1.0001 < target
@@ -200,9 +201,9 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.c
 def wide_list(row_ptr, vocab, x_max, temperature, mass, target, key_ptr, index_ptr, LIST: tl.constexpr,
               CAP: tl.constexpr):
     """A top-p row's own list (see the module docstring) for the mass `target` (of the row's
-    `mass`): its length, or
-    -1 without one (no bound that can reach the target, or more tokens above it than LIST);
-    and `_cut_bracket`'s (lo, hi, CAP best fall short) for the general path."""
+    `mass`): its length, or -1 without one (no bound that can reach the target, or more
+    tokens above it than LIST); and `_cut_bracket`'s (lo, hi, CAP best fall short) for the
+    general path."""
     theta, lo, hi, cap_short = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, mass, target,
                                           CAP)
     count = tl.zeros((), dtype=tl.int64) - 1
