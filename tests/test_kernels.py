@@ -18,7 +18,7 @@ from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
-from dflash_et.kernels import nucleus, sampling_rule
+from dflash_et.kernels import filtered, nucleus, sampling_rule
 from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
@@ -461,11 +461,19 @@ def _key_value(key):
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).view(torch.float32)
 
 
-def test_spread_top_p_rows_take_the_bracketed_key_searches():
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
+def test_spread_top_p_rows_take_the_bracketed_key_searches(monkeypatch):
     """Top-p-alone rows spread over many bins (std 2 and 4 at T = 0.8), cap 8: their nuclei
     are wider than any list, so the counting pass's bracket narrows the general path's key
-    searches and no `scan_row` pass runs (the bins show the 8 best short of the target);
-    parity through sample_rows and dflash_verify, float32 and bfloat16."""
+    searches and no `scan_row` pass runs (the bins show the 8 best short of the target: a
+    `scan_row` that returns no candidates here would decide them wrongly); parity through
+    sample_rows and dflash_verify, float32 and bfloat16."""
+    @triton.jit
+    def no_scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+        zero = tl.zeros((), dtype=tl.int64)
+        return zero, zero
+
+    monkeypatch.setattr(filtered, "scan_row", no_scan_row)
     g = torch.Generator().manual_seed(43)
     n, vocab = 16, 300
     logits = torch.randn(n, vocab, generator=g) * torch.tensor([2.0, 4.0]).repeat(n // 2)[:, None]
