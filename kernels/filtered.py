@@ -345,7 +345,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             if ~small & (count >= 0) & (count <= BUF) & (reach | ~top_p_alone):
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed(buf_ptr, count, BUF, BUF))
-            wide = lo_p < -1  # (false) the bins show the CAP best tokens short of the target
+            wide = tl.zeros((), dtype=tl.int1)  # the bins show the CAP best tokens short of the target
             if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
                 if not (reach & (count > BUF)):  # short of the target, or more than the list holds: `wide_list`

@@ -135,7 +135,7 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
 
 
 @triton.jit
-def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
+def _cut_bracket(acc, top, x_max, scale, mass, target, CAP: tl.constexpr):
     """What `wide_bound`'s bins tell of a top-p-alone row's cut (the largest key c with
     mass(key >= c) >= target; the row's mass S = `mass`) for the general path: unsigned keys
     (lo, hi) with lo <= cut <= hi, and whether the CAP best tokens surely fall short of the
@@ -149,15 +149,15 @@ def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
     arithmetic and a key may round differently at an edge); the cut is at most x_max's key
     (for a target above 0).
     No edges where they would round by more than a bin: T = +inf (one bin) or bins narrower
-    than 2^-16 of |x_max|."""
+    than 2^-16 of |x_max| (`top`: bin b's largest weight, as `wide_bound` has it)."""
     b = tl.arange(0, WIDE_BINS)
     n = acc.to(tl.float64)
-    top = n * tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64)  # bin b's mass at most
-    bottom = n * tl.where(b < WIDE_BINS - 1, tl.exp(-(b + 1).to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0.0)
-    above_top = tl.cumsum(top, 0)  # bins 0..b
-    above_bottom = tl.cumsum(bottom, 0)
-    upper = tl.minimum(above_top, mass - (tl.sum(bottom, 0) - above_bottom))
-    lower = tl.maximum(above_bottom, mass - (tl.sum(top, 0) - above_top))
+    most = n * top  # bin b's mass at most
+    least = n * tl.where(b < WIDE_BINS - 1, tl.exp(-(b + 1).to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0.0)
+    above_most = tl.cumsum(most, 0)  # bins 0..b
+    above_least = tl.cumsum(least, 0)
+    upper = tl.minimum(above_most, mass - (tl.sum(least, 0) - above_least))
+    lower = tl.maximum(above_least, mass - (tl.sum(most, 0) - above_most))
     first = tl.min(tl.where(lower >= target * 1.0001, b, WIDE_BINS), 0)  # bins 0..first surely reach the target
     last = tl.max(tl.where(upper * 1.0001 < target, b, -1), 0)  # bins 0..last surely fall short of it
     useful = (scale > 0) & (tl.abs(x_max) * scale <= 65536.0)
@@ -166,7 +166,7 @@ def _cut_bracket(acc, x_max, scale, mass, target, CAP: tl.constexpr):
     hi = tl.where(target > 0, tl.minimum(hi, unsigned_key(x_max)), hi)  # (target <= 0: every key's mass reaches it)
     before = (tl.cumsum(acc, 0) - acc).to(tl.int64)  # tokens in the bins above bin b
     best = tl.minimum(acc.to(tl.int64), tl.maximum(CAP - before, 0))  # bin b's share of the CAP best tokens
-    cap_short = tl.sum(best.to(tl.float64) * tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64), 0) * 1.0001 < target
+    cap_short = tl.sum(best.to(tl.float64) * top, 0) * 1.0001 < target
     return lo, hi, cap_short
 
 
@@ -193,7 +193,7 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.c
     top = tl.exp(-b.to(tl.float32) / BINS_PER_UNIT).to(tl.float64)  # the largest weight in bin b
     reach = tl.sum(tl.where(b <= last, acc.to(tl.float64) * top, 0.0), 0) * 1.001 >= target
     edge = x_max - (last + 1).to(tl.float32) / scale
-    lo, hi, cap_short = _cut_bracket(acc, x_max, scale, mass, target, CAP)
+    lo, hi, cap_short = _cut_bracket(acc, top, x_max, scale, mass, target, CAP)
     return tl.where((last >= 0) & reach, unsigned_key(edge), -1), lo, hi, cap_short
 
 

@@ -415,6 +415,11 @@ def _unsigned_key(x):
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
 
 
+def _key_value(key):
+    bits = (key - 2**31).to(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).view(torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_counting_pass_brackets_the_top_p_cut(dtype):
     """`nucleus._cut_bracket`: from the counting pass's bins, unsigned keys lo <= cut <= hi
@@ -454,11 +459,6 @@ def test_counting_pass_brackets_the_top_p_cut(dtype):
     assert bool((lo >= 0).all())
     span = (_key_value(hi) - _key_value(lo)) / t  # in units of x / T: a few bins of 1 / 8 (0.25-1.6 here)
     assert float(span.max()) < 2.0, span.tolist()
-
-
-def _key_value(key):
-    bits = (key - 2**31).to(torch.int32)
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).view(torch.float32)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
