@@ -5,7 +5,8 @@ bound, one 16-byte vector per thread and iteration, with an atomic slot per cand
 A top-p row collected at its lowest lane maximum reads every pair that way: ~100 us for a
 V = 151936 bf16 row in one program on the H200 (each iteration waits for its load, then
 for its slots). `filtered.collect` leaves such a row to `walk_collect` in the decision's
-launch (whose registers it fits); `nucleus.wide_list` collects with it too.
+launch (whose registers it fits), where `split_walk` shares it out over 32 programs (each
+walks a chunk); `nucleus.wide_list` collects with it too.
 
 Here each thread reads WALK_BYTES of contiguous logits per iteration through the
 software pipeline (async copies keep the loads in flight, not registers), and the slots
@@ -26,17 +27,19 @@ WALK_STAGES = tl.constexpr(3)  # software-pipelining depth
 
 
 @triton.jit
-def walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST: tl.constexpr):
-    """Store every finite token of the row with unsigned key >= theta (int64) in index order
-    to the list (int32 `ordered_key`s at key_ptr, int32 indices at index_ptr, LIST entries at
-    most); returns their number (more than LIST: only LIST stored). WALK_PAIRS threads of
-    WALK_BYTES of contiguous logits per iteration."""
+def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.constexpr):
+    """Store every finite token of the row's logits [start, end) (the whole row: 0, V) with
+    unsigned key >= theta (int64) in index order to the list (int32 `ordered_key`s at
+    key_ptr, int32 indices at index_ptr, LIST entries at most); returns their number (more
+    than LIST: only LIST stored). WALK_PAIRS threads of WALK_BYTES of contiguous logits per
+    iteration (`split_walk` gives each program a multiple of WIDTH logits, so that its loads
+    stay aligned vectors)."""
     WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
     bound = (theta - KEY_OFFSET).to(tl.int32)
     count = tl.zeros((), dtype=tl.int32)
-    for base in tl.range(0, vocab, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):
+    for base in tl.range(start, end, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):
         offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
-        x, fin = load_row(row_ptr, offs, vocab)
+        x, fin = load_row(row_ptr, offs, end)
         key = ordered_key(x)
         take = (fin & (key >= bound)).to(tl.int32)
         n = tl.sum(take, 1)

@@ -313,8 +313,8 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
     mass = tl.load(stats_ptr + 4).to(tl.float64, bitcast=True)
     if not SMALL_ONLY:
         if count == WALK_ROW:  # `bound_and_collect` left this row's collect (most lanes) to this launch
-            count = walk_collect(row_ptr, vocab, tl.load(stats_ptr + 5), keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF,
-                                 2 * BUF)
+            count = walk_collect(row_ptr, 0, vocab, tl.load(stats_ptr + 5), keys_of(buf_ptr),
+                                 keys_of(buf_ptr) + 2 * BUF, 2 * BUF)
     k = tl.where(use_k, top_k, vocab).to(tl.int64)
     want = tl.minimum(k, CAP)
     token = tl.zeros((), dtype=tl.int64) - 1

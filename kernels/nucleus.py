@@ -208,5 +208,5 @@ def wide_list(row_ptr, vocab, x_max, temperature, mass, target, key_ptr, index_p
                                           CAP)
     count = tl.zeros((), dtype=tl.int64) - 1
     if theta >= 0:
-        count = walk_collect(row_ptr, vocab, theta, key_ptr, index_ptr, LIST)
+        count = walk_collect(row_ptr, 0, vocab, theta, key_ptr, index_ptr, LIST)
     return tl.where(count <= LIST, count, -1), lo, hi, cap_short

@@ -26,7 +26,9 @@ Algorithm, four launches (no host synchronisation between them):
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
    registers, the long-list search, the general path; 226 registers on sm_90, 1 program per SM),
-   so the launches above keep their occupancy.
+   so the launches above keep their occupancy. The whole-row collects of up to
+   num_rows / 32 rows, queued by launch 2, are split over 32 programs each
+   (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
@@ -51,8 +53,9 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
                      prefix_chunks)
-from .filtered import (RESULTS, STATS, bound_and_collect, filtered_token, load_lanes, needs_mass, results_of,
-                       stats_of, store_lanes)
+from .filtered import (RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes, needs_mass,
+                       results_of, stats_of, store_lanes)
+from .split_walk import SPLIT, fences, queue_walk, walk_capacity, walk_chunk, walk_part
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -61,6 +64,7 @@ BLOCK_J = 64  # pair slots per step of the first-miss loop
 PASS_ROW = tl.constexpr(-6)  # token mark of a top-k / top-p row until the FILTERED row launch reads it
 UNUSED_SLOT = tl.constexpr(-7)  # token mark of a slot that holds no admitted (owner, j) pair
 FILTERED_ROW = tl.constexpr(-5)  # token mark of a top-k / top-p row until verify_filtered_kernel decides it
+QUEUED_ROW = tl.constexpr(-8)  # the same, for a row whose whole-row walk is queued (`split_walk`)
 
 
 @triton.jit
@@ -74,8 +78,8 @@ def _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O: tl.constex
 
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
-                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                       num_rows, num_owners, vocab, chunk, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
+                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr, queue_ptr,
+                       num_rows, num_owners, vocab, chunk, walk_chunk, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                        STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
     """The rows, in two launches of this kernel (two compiled instances, each with the registers
@@ -92,8 +96,10 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
             _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
                           tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
-                          results, BLOCK, CAP, BUF, STAGES)
+                          results, queue_ptr, walk_capacity(num_rows), BLOCK, CAP, BUF, STAGES)
     else:
+        if tl.program_id(0) == 0:
+            tl.store(queue_ptr, 0)  # no walk queued yet (read by the FILTERED launch, after this one)
         used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
         row_ptr = logits_ptr + row * stride
         if not used:
@@ -153,10 +159,12 @@ def stored_pair(results, logits_ptr, stride):
 
 @triton.jit
 def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
-                  BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+                  queue_ptr, capacity, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
+                  STAGES: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
     BLOCK is the pass's step), then its decision when it has <= 256 candidates; else the mark
-    for verify_filtered_kernel (results 1..3 keep `store_pair`'s)."""
+    for verify_filtered_kernel (results 1..3 keep `store_pair`'s): QUEUED_ROW for a row whose
+    whole-row walk is queued there (`split_walk.queue_walk`), FILTERED_ROW for the others."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     tl.static_assert(3 * (BLOCK // VEC) <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
     stats = stats_of(work, BUF)
@@ -166,30 +174,50 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
     token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES, True)
     if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
-        tl.store(results, FILTERED_ROW)
+        mark = FILTERED_ROW
+        if tl.load(stats) == WALK_ROW:
+            if queue_walk(queue_ptr, capacity, tl.program_id(0), work, BUF):
+                mark = QUEUED_ROW
+        tl.store(results, mark)
     else:
         store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
 def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
-                           temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                           num_rows, num_owners, vocab, chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
-    """The decision of each row the FILTERED row launch marked FILTERED_ROW; the other
-    programs exit after one load. (The layout arguments, shared with the row launches, go
-    unread: the mark's pair has the row.)"""
-    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
-    results = results_of(work, BUF)
-    if tl.load(results) == FILTERED_ROW:
-        owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-        temperature = tl.load(temperature_ptr + owner)
-        top_k = tl.load(top_k_ptr + owner)
-        top_p = tl.load(top_p_ptr + owner)
-        u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-        token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
-                               CAP, BUF, STAGES)
-        store_filtered(results, token, draft, vocab)
+                           temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr, queue_ptr,
+                           num_rows, num_owners, vocab, chunk, walk_chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, FENCE: tl.constexpr):
+    """The decision of each row the FILTERED row launch marked FILTERED_ROW, by its own
+    program, and of each QUEUED_ROW row, by the program that finished its split walk
+    (`split_walk`: program p walks chunk p % SPLIT of queued row p // SPLIT first); the
+    other programs exit after two loads. (The layout arguments, shared with the row
+    launches, go unread: the mark's pair has the row.)"""
+    pid = tl.program_id(0)
+    asked = tl.load(queue_ptr)  # (both loads first: most programs only read these two words)
+    own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF)) == FILTERED_ROW
+    walks = pid // SPLIT < tl.minimum(asked, walk_capacity(num_rows))
+    if own | walks:  # (one branch around everything: the empty programs of the light modes stay cheap)
+        queued = tl.zeros((), dtype=tl.int64) - 1  # the queued row this program decides, if any
+        if walks:
+            slot = tl.load(queue_ptr + 1 + pid // SPLIT)
+            work = work_ptr + slot * WORK
+            _, _, row_ptr, _ = stored_pair(results_of(work, BUF), logits_ptr, stride)
+            if walk_part(row_ptr, vocab, walk_chunk, pid % SPLIT, work, stats_of(work, BUF), BUF, FENCE):
+                queued = slot
+        for turn in tl.range(0, 2, num_stages=1):  # (a loop, not two copies of the decision: code size)
+            slot = tl.where(turn == 0, queued, tl.where(own, pid.to(tl.int64), -1))
+            if slot >= 0:
+                work = work_ptr + slot * WORK
+                results = results_of(work, BUF)
+                owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
+                temperature = tl.load(temperature_ptr + owner)
+                top_k = tl.load(top_k_ptr + owner)
+                top_p = tl.load(top_p_ptr + owner)
+                u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+                token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
+                                       BLOCK, CAP, BUF, STAGES)
+                store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -266,11 +294,12 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
     work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
+    queue = torch.empty(1 + num_rows // SPLIT.value, dtype=torch.int64, device=device)  # `split_walk.queue_walk`
     if num_rows > 0 and num_owners > 0:
         decide = decide_config(vocab, block, logits.element_size())
         chunk, splits = prefix_chunks(vocab, decide.block)
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
-                seed, work, num_rows, num_owners, vocab, chunk)
+                seed, work, queue, num_rows, num_owners, vocab, chunk, walk_chunk(vocab, logits.element_size()))
         wrap_triton(verify_rows_kernel)[(num_rows,)](
             *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
@@ -281,7 +310,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
-                num_warps=heavy.warps)
+                FENCE=fences(), num_warps=heavy.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,

@@ -18,7 +18,7 @@ from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
-from dflash_et.kernels import filtered, nucleus, sampling_rule
+from dflash_et.kernels import filtered, nucleus, sampling_rule, split_walk
 from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
@@ -398,6 +398,88 @@ def test_wide_top_p_nuclei_get_a_list_of_their_own(dtype, monkeypatch):
     _check_verify(owners, verified)
     flat = dict(inp, logits=(torch.randn(n, vocab, generator=g) * 0.05).to(dtype).to(DEVICE))
     assert _check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+
+
+def _spread_rows(g, rows, vocab, lanes_of):
+    """Rows with one high token (5.0 .. 5.5) in every group of `lanes_of` logits, the rest at
+    -30: every lane of `dflash_verify`'s pass holds one, so a top-p bound takes most lanes and
+    `filtered.collect` leaves the row to a whole-row walk (count WALK_ROW)."""
+    out = torch.full((rows, vocab), -30.0)
+    for r in range(rows):
+        at = torch.arange(0, vocab, lanes_of) + torch.randint(0, lanes_of, (-(-vocab // lanes_of),), generator=g)
+        at = at[at < vocab]
+        out[r, at] = 5.0 + 0.5 * torch.rand(at.numel(), generator=g)
+    return out
+
+
+def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
+    """A top-p row whose bound takes most lanes is walked by SPLIT programs of the decision
+    launch (`kernels/split_walk.py`: 64 rows queue 2), one chunk each; the last to finish
+    packs the chunks' segments into the list `walk_collect` gives (every token at or above
+    the bound, in index order) and decides the row. V = 1000 float32 at the default blocks
+    (250 live lanes of 4 logits): two spread rows (one high token per lane) among
+    temperature-only and top-k 5 rows, one row per owner (next_token is the row's token).
+    The scratch (caught at the launch) shows the queue, every chunk finished and the packed
+    list; with the queue's capacity patched to 0, these checks fail (checked)."""
+    g = torch.Generator().manual_seed(41)
+    n, vocab = 64, 1000
+    spread = [5, 40]
+    logits = torch.randn(n, vocab, generator=g)
+    logits.scatter_add_(1, torch.randint(0, vocab, (n, 4), generator=g), 6.0 + 4.0 * torch.rand(n, 4, generator=g))
+    logits[spread] = _spread_rows(g, 2, vocab, 4)
+    top_k = torch.tensor([0, 5]).repeat(n // 2)
+    top_p = torch.ones(n)
+    top_k[spread] = 0
+    top_p[spread] = torch.tensor([0.9, 0.6])
+    inp = _to({"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g), "offsets": torch.arange(n + 1),
+               "start_position": torch.arange(n) * 11, "temperature": torch.full((n,), 0.8), "top_k": top_k,
+               "top_p": top_p, "seed": torch.arange(n) + 130})
+    caught = {}
+    real_wrap = verify_kernel.wrap_triton
+
+    def spy(kernel):
+        launcher = real_wrap(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def run(*args, **kw):
+                    if kernel is verify_kernel.verify_filtered_kernel:
+                        caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
+                    return launcher[grid](*args, **kw)
+                return run
+        return Grid()
+
+    monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
+    work, buf = caught["work"].cpu(), caught["buf"]
+    assert int(caught["queue"][0]) == 2 and sorted(caught["queue"][1:3].tolist()) == spread
+    stats = 2 * buf + HOT_WORDS.value + filtered.RESULTS.value
+    for r in spread:
+        assert int(work[r, 2 * buf]) == split_walk.SPLIT.value  # every chunk finished
+        theta = int(work[r, stats + 5])
+        kept = torch.nonzero(_unsigned_key(logits[r]) >= theta).flatten()
+        assert 0 < int(work[r, stats]) == kept.numel()  # the packed count, not WALK_ROW
+        words = work[r].view(torch.int32)
+        assert torch.equal(words[2 * buf: 2 * buf + kept.numel()].long(), kept)
+        assert torch.equal(words[:kept.numel()].long() + 2**31, _unsigned_key(logits[r, kept]))
+
+
+def test_split_walks_past_the_queue_and_past_a_segment():
+    """More whole-row walks than the queue takes (64 rows queue 2: the other spread rows walk
+    in their own program) and chunks with more candidates than their segment (cap 8, block
+    16: BUF 32, a list of 64, segments of 2 entries, chunks of 16 logits holding 4 high
+    tokens: the program that finished last walks those rows whole), among long-list top-p
+    rows and temperature-only rows, bfloat16, against the reference."""
+    g = torch.Generator().manual_seed(43)
+    n, vocab = 64, 300
+    logits = torch.cat([_spread_rows(g, 24, vocab, 4), _long_list_rows(g, 8, vocab, 40, 4, 3.0),
+                        torch.randn(32, vocab, generator=g) * 3.0])
+    top_p = torch.cat([torch.tensor([0.3, 0.6, 0.9, 0.99]).repeat(8), torch.ones(32)])
+    inp = _to({"logits": logits.to(torch.bfloat16), "tokens": torch.randint(0, vocab, (n,), generator=g),
+               "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
+               "temperature": torch.full((n,), 0.9), "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p,
+               "seed": torch.arange(n) + 150})
+    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
 
 
 @triton.jit
