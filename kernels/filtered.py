@@ -42,9 +42,10 @@ of `dense_collect.walk_collect` (~64 us).
 
 `filtered_token` sorts the candidates in registers and decides there
 (`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
-up to BUF in a further launch, one program per row left undecided.
-A top-p row with more than BUF candidates (up to 2 * BUF) is decided from them by
-searches over the list (`nucleus.py`); a top-p row whose candidates fall short of the
+a top-k row's up to BUF in a further launch, one program per row left undecided.
+A top-p-alone row with more than 256 candidates (up to 2 * BUF) is decided from them by
+searches over the list (`nucleus.py`: faster than the sort of BUF entries on the H200);
+a top-p row whose candidates fall short of the
 target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes),
 without the sorts (~80 us) that could not decide it.
 Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
@@ -334,21 +335,22 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                     listed(buf_ptr, count, BUF, SMALL))
         if not SMALL_ONLY:
-            # top-p alone: a list whose mass falls short of the target cannot decide the row; it
-            # skips the sorts of up to BUF candidates (~100 us in one program on the H200) for a
-            # list of its own
+            # top-p alone: a list that reaches the target is decided by searches over it
+            # (`nucleus_token`), not sorted: on the H200 (V = 151936 bf16) the sort of BUF = 2048
+            # entries took 65 us in one program whatever the count, the searches 39-59 us for
+            # 171-2247 candidates. A list that falls short cannot decide the row: a list of its own.
             top_p_alone = use_p & ~use_k
             target = top_p.to(tl.float64) * mass
             reach = ~small & (count >= 0) & (count <= 2 * BUF)
             if top_p_alone & reach:
                 reach = _candidate_mass(buf_ptr, count, x_max, temperature) >= target
-            if ~small & (count >= 0) & (count <= BUF) & (reach | ~top_p_alone):
+            if ~small & (count >= 0) & (count <= BUF) & ~top_p_alone:
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed(buf_ptr, count, BUF, BUF))
             wide = tl.zeros((), dtype=tl.int1)  # the bins show the CAP best tokens short of the target
             if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
-                if not (reach & (count > BUF)):  # short of the target, or more than the list holds: `wide_list`
+                if not reach:  # short of the target, or more than the list holds: `wide_list`
                     n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target, keys_of(buf_ptr),
                                                     keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
                 if n > 0:
