@@ -26,7 +26,7 @@ from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launc
                                       split_rows)
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALIGNED = ("stride", "vocab", "chunk")
+ALIGNED = ("stride", "vocab", "chunk", "walk_chunk")  # (walk_chunk: a multiple of 16 by construction)
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                      BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), decide.warps, greedy)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
-            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages),
+            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages, FENCE=True),
             heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),

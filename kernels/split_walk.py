@@ -7,16 +7,18 @@ reads 304 KB at ~5 GB/s) while the launch's other programs had exited: on the be
 LLM-like rows (64 x 16, T = 0.8, top-p 0.9) each input of 1024 rows had 5-8 such rows, with
 171-2247 candidates, and the launch waited ~130 us for them (the walk, then their sort).
 
-Here the FILTERED row launch queues such rows (`queue_walk`: num_rows // SPLIT of them at
-most; a row past that keeps the walk in its own program). In the decision launch, program
-p walks chunk p % SPLIT of queued row p // SPLIT (`walk_part`) into that chunk's segment of
-the row's list (SEGMENT = 2 * BUF / SPLIT entries; the chunk's count in the row's hot-lane
-words), and the last of the row's SPLIT programs to finish (an atomic count of finished
-chunks, fences on both sides) packs the segments in chunk order (`_pack`): the list
-`walk_collect` gives, in index order, so the decision's sums do not depend on which
-program finished first. That program then decides the row. A chunk with more than SEGMENT
-candidates leaves the row's count at WALK_ROW: the deciding program walks the whole row
-itself, as before.
+Here the FILTERED row launch queues such rows (`queue_walk`). In the decision launch, every
+program without a row of its own to decide takes chunks by an atomic ticket
+(`split_walks`): ticket t is chunk t % SPLIT of queued row t // SPLIT, walked into that
+chunk's segment of the row's list (SEGMENT = 2 * BUF / SPLIT entries; the chunk's count in
+the row's hot-lane words). The program that finishes a row's last chunk (an atomic count
+of finished chunks, fences on both sides) packs the segments in chunk order (`_pack`): the
+list `walk_collect` gives, in index order, so the decision's sums do not depend on which
+program finished first. It then takes no more tickets and decides that row: a program
+decides one row at most (the programs with a row of their own take no ticket), and the
+tickets never run out of takers (each queued row's own program has no row of its own). A
+chunk with more than SEGMENT candidates leaves the row's count at WALK_ROW: the deciding
+program walks the whole row itself, as before.
 """
 
 import os
@@ -25,9 +27,9 @@ import triton
 import triton.language as tl
 
 from .dense_collect import WALK_BYTES, WALK_PAIRS, walk_collect
-from .filtered import HOT_WORDS, keys_of
+from .filtered import HOT_WORDS, keys_of, results_of, stats_of
 
-SPLIT = tl.constexpr(32)  # programs per queued row (a multiple of the 1024 rows of the benchmark's 64 x 16)
+SPLIT = tl.constexpr(32)  # chunks per queued row
 
 
 def walk_chunk(vocab: int, itemsize: int) -> int:
@@ -45,10 +47,9 @@ def fences() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-@triton.jit
-def walk_capacity(num_rows):
-    """Queued rows at most: SPLIT programs each, out of the decision launch's one per row."""
-    return num_rows // SPLIT
+def queue_words(num_rows):
+    """int64 words of the queue: [rows queued, tickets taken, the queued rows' pair slots]."""
+    return 2 + num_rows
 
 
 @triton.jit
@@ -62,18 +63,34 @@ def _fence(FENCE: tl.constexpr):
 
 
 @triton.jit
-def queue_walk(queue_ptr, capacity, slot, buf_ptr, BUF: tl.constexpr):
+def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
     """Queue the whole-row walk of this program's row (pair slot `slot`, scratch row at
-    buf_ptr) for the decision launch; false when the queue is full (`capacity` rows: then
-    the row's own program walks it). queue_ptr: [the number of rows that asked, their slots];
-    the first row launch zeroes the number."""
+    buf_ptr) for the decision launch. queue_ptr: `queue_words`; the first row launch zeroes
+    its two counts."""
     tl.static_assert(2 * SPLIT + 1 <= HOT_WORDS)  # finished chunks, chunk counts, chunk starts
     q = tl.atomic_add(queue_ptr, 1)
-    queued = q < capacity
-    if queued:
-        tl.store(buf_ptr + 2 * BUF, 0)  # no chunk finished yet
-        tl.store(queue_ptr + 1 + q, slot)
-    return queued
+    tl.store(buf_ptr + 2 * BUF, 0)  # no chunk finished yet
+    tl.store(queue_ptr + 2 + q, slot)
+
+
+@triton.jit
+def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, BUF: tl.constexpr,
+                WORK: tl.constexpr, FENCE: tl.constexpr):
+    """Take tickets (chunks of the `asked` queued rows) until they run out or this program
+    finishes a row's last chunk; returns that row's pair slot (its list packed), else -1."""
+    total = asked * SPLIT
+    decide = tl.zeros((), dtype=tl.int64) - 1
+    t = tl.atomic_add(queue_ptr + 1, 1)
+    while t < total:
+        slot = tl.load(queue_ptr + 2 + t // SPLIT)
+        work = work_ptr + slot * WORK
+        row_ptr = logits_ptr + tl.load(results_of(work, BUF) + 2) * stride  # (`verify.store_pair`'s row)
+        if walk_part(row_ptr, vocab, chunk, (t % SPLIT).to(tl.int32), work, stats_of(work, BUF), BUF, FENCE):
+            decide = slot
+            t = total
+        else:
+            t = tl.atomic_add(queue_ptr + 1, 1)
+    return decide
 
 
 @triton.jit

@@ -25,10 +25,10 @@ Algorithm, four launches (no host synchronisation between them):
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
-   registers, the long-list search, the general path; 226 registers on sm_90, 1 program per SM),
-   so the launches above keep their occupancy. The whole-row collects of up to
-   num_rows / 32 rows, queued by launch 2, are split over 32 programs each
-   (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk.
+   registers, the long-list search, the general path; 227 registers on sm_90, 1 program per SM),
+   so the launches above keep their occupancy. The whole-row collects that launch 2
+   queues are split in 32 chunks each, handed out to the programs without a row of their
+   own (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
@@ -55,7 +55,7 @@ from .launch import (check_inputs, check_length, decide_config, filtered_rows_co
                      prefix_chunks)
 from .filtered import (RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes, needs_mass,
                        results_of, stats_of, store_lanes)
-from .split_walk import SPLIT, fences, queue_walk, walk_capacity, walk_chunk, walk_part
+from .split_walk import fences, queue_walk, queue_words, split_walks, walk_chunk
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -96,10 +96,11 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
             _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
                           tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
-                          results, queue_ptr, walk_capacity(num_rows), BLOCK, CAP, BUF, STAGES)
+                          results, queue_ptr, BLOCK, CAP, BUF, STAGES)
     else:
         if tl.program_id(0) == 0:
-            tl.store(queue_ptr, 0)  # no walk queued yet (read by the FILTERED launch, after this one)
+            tl.store(queue_ptr, 0)  # no walk queued, no chunk handed out yet (the launches after this one)
+            tl.store(queue_ptr + 1, 0)
         used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
         row_ptr = logits_ptr + row * stride
         if not used:
@@ -159,8 +160,7 @@ def stored_pair(results, logits_ptr, stride):
 
 @triton.jit
 def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
-                  queue_ptr, capacity, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr,
-                  STAGES: tl.constexpr):
+                  queue_ptr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
     BLOCK is the pass's step), then its decision when it has <= 256 candidates; else the mark
     for verify_filtered_kernel (results 1..3 keep `store_pair`'s): QUEUED_ROW for a row whose
@@ -174,11 +174,11 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
     token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES, True)
     if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
-        mark = FILTERED_ROW
         if tl.load(stats) == WALK_ROW:
-            if queue_walk(queue_ptr, capacity, tl.program_id(0), work, BUF):
-                mark = QUEUED_ROW
-        tl.store(results, mark)
+            queue_walk(queue_ptr, tl.program_id(0), work, BUF)
+            tl.store(results, QUEUED_ROW)
+        else:
+            tl.store(results, FILTERED_ROW)
     else:
         store_filtered(results, token, draft, vocab)
 
@@ -189,35 +189,30 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
                            num_rows, num_owners, vocab, chunk, walk_chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
                            BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, FENCE: tl.constexpr):
     """The decision of each row the FILTERED row launch marked FILTERED_ROW, by its own
-    program, and of each QUEUED_ROW row, by the program that finished its split walk
-    (`split_walk`: program p walks chunk p % SPLIT of queued row p // SPLIT first); the
-    other programs exit after two loads. (The layout arguments, shared with the row
-    launches, go unread: the mark's pair has the row.)"""
+    program, and of each QUEUED_ROW row, by the program that finished the last chunk of its
+    split walk (`split_walk.split_walks`: the programs without a row of their own take the
+    chunks). A program decides one row at most (one copy of the decision: its registers).
+    (The layout arguments, shared with the row launches, go unread: the mark's pair has the
+    row.)"""
     pid = tl.program_id(0)
     asked = tl.load(queue_ptr)  # (both loads first: most programs only read these two words)
     own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF)) == FILTERED_ROW
-    walks = pid // SPLIT < tl.minimum(asked, walk_capacity(num_rows))
-    if own | walks:  # (one branch around everything: the empty programs of the light modes stay cheap)
-        queued = tl.zeros((), dtype=tl.int64) - 1  # the queued row this program decides, if any
-        if walks:
-            slot = tl.load(queue_ptr + 1 + pid // SPLIT)
+    if own | (asked > 0):  # (one branch around everything: the empty launch of the light modes stays cheap,
+        # 4.9 us on the H200 at 1024 rows; 10.3 us with the loads and a loop outside one branch)
+        slot = tl.where(own, pid.to(tl.int64), -1)
+        if not own:
+            slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, BUF, WORK, FENCE)
+        if slot >= 0:
             work = work_ptr + slot * WORK
-            _, _, row_ptr, _ = stored_pair(results_of(work, BUF), logits_ptr, stride)
-            if walk_part(row_ptr, vocab, walk_chunk, pid % SPLIT, work, stats_of(work, BUF), BUF, FENCE):
-                queued = slot
-        for turn in tl.range(0, 2, num_stages=1):  # (a loop, not two copies of the decision: code size)
-            slot = tl.where(turn == 0, queued, tl.where(own, pid.to(tl.int64), -1))
-            if slot >= 0:
-                work = work_ptr + slot * WORK
-                results = results_of(work, BUF)
-                owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-                temperature = tl.load(temperature_ptr + owner)
-                top_k = tl.load(top_k_ptr + owner)
-                top_p = tl.load(top_p_ptr + owner)
-                u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-                token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
-                                       BLOCK, CAP, BUF, STAGES)
-                store_filtered(results, token, draft, vocab)
+            results = results_of(work, BUF)
+            owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
+            temperature = tl.load(temperature_ptr + owner)
+            top_k = tl.load(top_k_ptr + owner)
+            top_p = tl.load(top_p_ptr + owner)
+            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
+                                   CAP, BUF, STAGES)
+            store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -294,7 +289,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
     work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
-    queue = torch.empty(1 + num_rows // SPLIT.value, dtype=torch.int64, device=device)  # `split_walk.queue_walk`
+    queue = torch.empty(queue_words(num_rows), dtype=torch.int64, device=device)  # `split_walk.queue_walk`
     if num_rows > 0 and num_owners > 0:
         decide = decide_config(vocab, block, logits.element_size())
         chunk, splits = prefix_chunks(vocab, decide.block)

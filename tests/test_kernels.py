@@ -413,14 +413,14 @@ def _spread_rows(g, rows, vocab, lanes_of):
 
 
 def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
-    """A top-p row whose bound takes most lanes is walked by SPLIT programs of the decision
-    launch (`kernels/split_walk.py`: 64 rows queue 2), one chunk each; the last to finish
-    packs the chunks' segments into the list `walk_collect` gives (every token at or above
-    the bound, in index order) and decides the row. V = 1000 float32 at the default blocks
-    (250 live lanes of 4 logits): two spread rows (one high token per lane) among
-    temperature-only and top-k 5 rows, one row per owner (next_token is the row's token).
-    The scratch (caught at the launch) shows the queue, every chunk finished and the packed
-    list; with the queue's capacity patched to 0, these checks fail (checked)."""
+    """A top-p row whose bound takes most lanes is queued for a walk in SPLIT chunks, which
+    the decision launch's programs without a row of their own take by ticket
+    (`kernels/split_walk.py`); the program that finishes the last chunk packs the chunks'
+    segments into the list `walk_collect` gives (every token at or above the bound, in index
+    order) and decides the row. V = 1000 float32 at the default blocks (250 live lanes of 4
+    logits): two spread rows (one high token per lane) among temperature-only and top-k 5
+    rows, one row per owner (next_token is the row's token). The scratch (caught at the
+    launch) shows the queue, every chunk finished and the packed list."""
     g = torch.Generator().manual_seed(41)
     n, vocab = 64, 1000
     spread = [5, 40]
@@ -452,7 +452,9 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
     monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
     work, buf = caught["work"].cpu(), caught["buf"]
-    assert int(caught["queue"][0]) == 2 and sorted(caught["queue"][1:3].tolist()) == spread
+    queue = caught["queue"].cpu()
+    assert int(queue[0]) == 2 and sorted(queue[2:4].tolist()) == spread
+    assert int(queue[1]) >= 2 * split_walk.SPLIT.value  # every ticket taken (and one more by each taker)
     stats = 2 * buf + HOT_WORDS.value + filtered.RESULTS.value
     for r in spread:
         assert int(work[r, 2 * buf]) == split_walk.SPLIT.value  # every chunk finished
@@ -465,11 +467,12 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
 
 
 def test_split_walks_past_the_queue_and_past_a_segment():
-    """More whole-row walks than the queue takes (64 rows queue 2: the other spread rows walk
-    in their own program) and chunks with more candidates than their segment (cap 8, block
-    16: BUF 32, a list of 64, segments of 2 entries, chunks of 16 logits holding 4 high
-    tokens: the program that finished last walks those rows whole), among long-list top-p
-    rows and temperature-only rows, bfloat16, against the reference."""
+    """Many queued walks (24 spread rows and long-list rows of 64: their chunks taken by the
+    programs without a row of their own; the interpreter runs programs one after another, so
+    each taker walks one row's chunks and decides it) and chunks with more candidates
+    than their segment (cap 8, block 16: BUF 32, a list of 64, segments of 2 entries, chunks
+    of 16 logits holding 4 high tokens: the program that finished last walks those rows
+    whole), among temperature-only rows, bfloat16, against the reference."""
     g = torch.Generator().manual_seed(43)
     n, vocab = 64, 300
     logits = torch.cat([_spread_rows(g, 24, vocab, 4), _long_list_rows(g, 8, vocab, 40, 4, 3.0),
