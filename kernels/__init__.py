@@ -4,7 +4,8 @@ Importing this package registers the ops (it needs triton). One module per head:
 `sample_rows`, `verify` (dflash_verify), `verify_argmax`; shared pieces in
 `common` (Philox uniform, keys, owner layout), `sampling_rule` (the per-row rule),
 `filtered` (top-k / top-p rows: lane-max bound, candidates, decision), `nucleus` (long
-top-p lists, wide nuclei), `dense_collect` (whole-row collects) and `launch` (block
+top-p lists, wide nuclei), `dense_collect` (whole-row collects), `split_walk` (those
+collects shared out over the programs of dflash_verify's decision launch) and `launch` (block
 sizes, scratch, input checks).
 """
 
