@@ -155,13 +155,16 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
         _check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
 
 
-@pytest.mark.parametrize("mark", [verify_kernel.PASS_ROW.value, verify_kernel.FILTERED_ROW.value])
+@pytest.mark.parametrize("mark", [verify_kernel.PASS_ROW.value, verify_kernel.FILTERED_ROW.value,
+                                  verify_kernel.QUEUED_ROW.value])
 def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
     """The scratch is never cleared (a CUDA graph replays into the same memory), and the
     launches after the first trust its marks (they read a marked row's pair from there, out of
     bounds for a stale one). So the first launch writes every slot's results word: here every
-    int64 scratch starts full of one mark; after the call, every slot that holds no pair reads
-    UNUSED_SLOT and the tokens are the reference's."""
+    int64 scratch starts full of one mark (and every 1-D int64 tensor, the split walks' queue
+    among them, full of a count far past its end: the first launch zeroes the queue's counts);
+    after the call, every slot that holds no pair reads UNUSED_SLOT and the tokens are the
+    reference's."""
     real_empty = torch.empty
     scratch = []
 
@@ -169,6 +172,8 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
         t = real_empty(*size, **kw)
         if t.dim() == 2 and t.dtype == torch.int64:
             scratch.append(t.fill_(mark))
+        elif t.dim() == 1 and t.dtype == torch.int64:
+            t.fill_(1 << 40)
         return t
 
     g = torch.Generator().manual_seed(41)
