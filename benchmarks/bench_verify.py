@@ -16,7 +16,9 @@ copy bandwidth (bytes read + written over time). Each case rotates among >= 4 di
 inputs (rows that are rare but slow count at their rate), more for inputs smaller than ~4x
 the L2, so that the timings measure HBM, not the cache. --breakdown adds
 each fused op's per-kernel times (torch.profiler, over the same rotating inputs) at 64 owners,
-V = 151936. --once MODE only calls the op on that case (a target for ncu / nsys).
+V = 151936; --per-input times each rotating input of the headline sampling cases alone (a
+launch waits for its slowest row: which input holds it). --once MODE only calls the op on
+that case (a target for ncu / nsys).
 """
 
 import argparse
@@ -213,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--owners", type=int, default=64, help="--once: owners of 16 rows (default 64)")
     ap.add_argument("--flat", action="store_true", help="--once: flat rows (the top-p slow path)")
     ap.add_argument("--fused-only", action="store_true", help="time the fused heads only (no baselines)")
+    ap.add_argument("--per-input", action="store_true",
+                    help="also time each rotating input of the headline sampling cases alone, with its per-kernel "
+                         "times (a launch waits for its slowest row: which input holds it)")
     args = ap.parse_args(argv)
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
     if args.once:
@@ -249,6 +254,7 @@ def main(argv=None) -> int:
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
     compiled = {}
     parts = []
+    per_input = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for vocab, dtype, owners in itertools.product(vocabs, dtypes, owner_counts):
         rows = owners * ROWS_PER_OWNER
@@ -266,6 +272,9 @@ def main(argv=None) -> int:
             launched = time_ms(rotating(fused_fn, argsets))
             if args.breakdown and owners == 64 and vocab == 151936:
                 parts.append((f"{mode}, {str(dtype).split('.')[-1]}", breakdown(fused_fn, argsets)))
+            if args.per_input and owners == 64 and vocab == 151936 and dtype == torch.bfloat16 and not greedy:
+                for i, a in enumerate(argsets):
+                    per_input.append((mode, i, graph_ms(fused_fn, [a]), breakdown(fused_fn, [a], rounds=2)))
             sort_eager = time_ms(rotating(pipe, argsets)) if not args.fused_only else float("nan")
             ref_eager = time_ms(rotating(ref, argsets)) if (owners == 64 or args.quick) and not args.fused_only \
                 else float("nan")
@@ -339,6 +348,14 @@ def main(argv=None) -> int:
         for case, rows in parts:
             for name, us in rows:
                 say(f"| {case} | {name[:60]} | {us:.1f} |")
+    if per_input:
+        say()
+        say("Each rotating input alone (64 x 16, V = 151936 bf16; graph-captured us per call, then per kernel):")
+        say()
+        say("| mode | input | fused us | per kernel, us |")
+        say("|---|---|---|---|")
+        for mode, i, ms, rows in per_input:
+            say(f"| {mode} | {i} | {ms * 1e3:.1f} | " + ", ".join(f"{name[:40]} {us:.1f}" for name, us in rows) + " |")
     if args.out:
         with open(args.out, "w") as fh:
             fh.write("\n".join(lines) + "\n")
