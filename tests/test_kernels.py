@@ -417,6 +417,27 @@ def _spread_rows(g, rows, vocab, lanes_of):
     return out
 
 
+def _catch_the_decision_launch(monkeypatch):
+    """A dict that gets verify_filtered_kernel's scratch, queue and BUF when `verify.launch` runs it."""
+    caught = {}
+    real_wrap = verify_kernel.wrap_triton
+
+    def spy(kernel):
+        launcher = real_wrap(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def run(*args, **kw):
+                    if kernel is verify_kernel.verify_filtered_kernel:
+                        caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
+                    return launcher[grid](*args, **kw)
+                return run
+        return Grid()
+
+    monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+    return caught
+
+
 def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
     """A top-p row whose bound takes most lanes is queued for a walk in SPLIT chunks, which
     the decision launch's programs without a row of their own take by ticket
@@ -439,25 +460,9 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
     inp = _to({"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g), "offsets": torch.arange(n + 1),
                "start_position": torch.arange(n) * 11, "temperature": torch.full((n,), 0.8), "top_k": top_k,
                "top_p": top_p, "seed": torch.arange(n) + 130})
-    caught = {}
-    real_wrap = verify_kernel.wrap_triton
-
-    def spy(kernel):
-        launcher = real_wrap(kernel)
-
-        class Grid:
-            def __getitem__(self, grid):
-                def run(*args, **kw):
-                    if kernel is verify_kernel.verify_filtered_kernel:
-                        caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
-                    return launcher[grid](*args, **kw)
-                return run
-        return Grid()
-
-    monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+    caught = _catch_the_decision_launch(monkeypatch)
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
-    work, buf = caught["work"].cpu(), caught["buf"]
-    queue = caught["queue"].cpu()
+    work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
     assert int(queue[0]) == 2 and sorted(queue[2:4].tolist()) == spread
     assert int(queue[1]) >= 2 * split_walk.SPLIT.value  # every ticket taken (and one more by each taker)
     stats = 2 * buf + HOT_WORDS.value + filtered.RESULTS.value
@@ -471,23 +476,31 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
         assert torch.equal(words[:kept.numel()].long() + 2**31, _unsigned_key(logits[r, kept]))
 
 
-def test_split_walks_past_the_queue_and_past_a_segment():
-    """Many queued walks (24 spread rows and long-list rows of 64: their chunks taken by the
+def test_split_walks_past_the_queue_and_past_a_segment(monkeypatch):
+    """Many queued walks (24 spread rows and 8 long-list rows of 64: their chunks taken by the
     programs without a row of their own; the interpreter runs programs one after another, so
-    each taker walks one row's chunks and decides it) and chunks with more candidates
-    than their segment (cap 8, block 16: BUF 32, a list of 64, segments of 2 entries, chunks
-    of 16 logits holding 4 high tokens: the program that finished last walks those rows
-    whole), among temperature-only rows, bfloat16, against the reference."""
+    each taker walks one row's chunks and decides it) and chunks with more candidates than
+    their segment (cap 8, block 16: BUF 32, a list of 64, segments of 2 entries; four spread
+    rows with every high token tied, so a chunk of 16 logits holds 4 candidates: the program
+    that finished last walks those rows whole), among temperature-only rows, bfloat16,
+    against the reference."""
     g = torch.Generator().manual_seed(43)
     n, vocab = 64, 300
     logits = torch.cat([_spread_rows(g, 24, vocab, 4), _long_list_rows(g, 8, vocab, 40, 4, 3.0),
                         torch.randn(32, vocab, generator=g) * 3.0])
+    logits[20:24] = torch.where(logits[20:24] > 0, 5.0, -30.0)
     top_p = torch.cat([torch.tensor([0.3, 0.6, 0.9, 0.99]).repeat(8), torch.ones(32)])
     inp = _to({"logits": logits.to(torch.bfloat16), "tokens": torch.randint(0, vocab, (n,), generator=g),
                "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
                "temperature": torch.full((n,), 0.9), "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p,
                "seed": torch.arange(n) + 150})
+    caught = _catch_the_decision_launch(monkeypatch)
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
+    work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
+    assert sorted(queue[2:2 + int(queue[0])].tolist()) == list(range(32))  # every top-p row walked in chunks
+    counts = work[:32, 2 * buf + HOT_WORDS.value + filtered.RESULTS.value]
+    assert bool((counts[20:24] == filtered.WALK_ROW.value).all())  # a segment overflowed: walked whole
+    assert int((counts > 0).sum()) >= 20  # the others packed
 
 
 @triton.jit
