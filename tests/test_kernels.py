@@ -417,9 +417,8 @@ def _spread_rows(g, rows, vocab, lanes_of):
     return out
 
 
-def _catch_the_decision_launch(monkeypatch):
-    """A dict that gets verify_filtered_kernel's scratch, queue and BUF when `verify.launch` runs it."""
-    caught = {}
+def _spy_on_launches(monkeypatch, seen):
+    """Call seen(kernel, args, kwargs) at each kernel launch of `verify.launch`, then launch."""
     real_wrap = verify_kernel.wrap_triton
 
     def spy(kernel):
@@ -428,13 +427,23 @@ def _catch_the_decision_launch(monkeypatch):
         class Grid:
             def __getitem__(self, grid):
                 def run(*args, **kw):
-                    if kernel is verify_kernel.verify_filtered_kernel:
-                        caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
+                    seen(kernel, args, kw)
                     return launcher[grid](*args, **kw)
                 return run
         return Grid()
 
     monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+
+
+def _catch_the_decision_launch(monkeypatch):
+    """A dict that gets verify_filtered_kernel's scratch, queue and BUF when `verify.launch` runs it."""
+    caught = {}
+
+    def seen(kernel, args, kw):
+        if kernel is verify_kernel.verify_filtered_kernel:
+            caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
+
+    _spy_on_launches(monkeypatch, seen)
     return caught
 
 
@@ -614,21 +623,12 @@ def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, m
                "temperature": torch.full((n,), 0.7), "top_k": torch.tensor([0, 0, 3, 0, 2, 3] * 4),
                "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
     steps = {}  # the BLOCK of each verify_rows_kernel launch, by FILTERED
-    real_wrap = verify_kernel.wrap_triton
 
-    def spy(kernel):
-        launcher = real_wrap(kernel)
+    def seen(kernel, args, kw):
+        if kernel is verify_kernel.verify_rows_kernel:
+            steps[kw["FILTERED"]] = kw["BLOCK"]
 
-        class Grid:
-            def __getitem__(self, grid):
-                def run(*args, **kw):
-                    if kernel is verify_kernel.verify_rows_kernel:
-                        steps[kw["FILTERED"]] = kw["BLOCK"]
-                    return launcher[grid](*args, **kw)
-                return run
-        return Grid()
-
-    monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
+    _spy_on_launches(monkeypatch, seen)
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
     assert steps == {False: step, True: step}
 
