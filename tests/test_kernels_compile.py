@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_kernel_variant_compiles_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py")], env=env,
-                         capture_output=True, text=True, timeout=900)
+                         capture_output=True, text=True, timeout=2400)  # (its CI run with the split walk:
+    # over 900 s beside the suite's other worker on a 2-core machine)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [x for x in run.stdout.splitlines() if "REG:" in x]
     assert len(lines) == 27, lines  # 3 logits dtypes x (6 verify + 3 sample_rows) variants
