@@ -18,25 +18,54 @@ which thread got there first).
 import triton
 import triton.language as tl
 
-from .common import ordered_key
+from .common import FLT_MAX, ordered_key
 from .sampling_rule import KEY_OFFSET, load_row
 
 WALK_PAIRS = tl.constexpr(256)  # threads per iteration of `walk_collect` (one each at 8 warps)
 WALK_BYTES = tl.constexpr(32)  # logits bytes per thread and iteration
 WALK_STAGES = tl.constexpr(3)  # software-pipelining depth
+WIDE_BINS = tl.constexpr(256)  # `wide_bins`: BINS_PER_UNIT per unit of (x_max - x) / T, the last open
+BINS_PER_UNIT = tl.constexpr(8.0)  # (a bin: weights within a factor e^(1/8); 255 bins reach e^-31.9)
 
 
 @triton.jit
-def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.constexpr):
+def bin_scale(temperature):
+    """Bins per unit of x_max - x at temperature T (T = +inf: one bin; no NaN)."""
+    return tl.minimum(BINS_PER_UNIT.value / temperature, FLT_MAX)
+
+
+@triton.jit
+def wide_bins(x, fin, x_max, scale):
+    """Each logit's bin of (x_max - x) / T (`nucleus.wide_bound`'s counts): the last bin is
+    open, and holds the logits that are not finite too."""
+    d = tl.where(x >= x_max, 0.0, (x_max - x) * scale)  # (inf * 0 or an infinite scale: no NaN)
+    return tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32)
+
+
+@triton.jit
+def walk_padding(start, end, WIDTH: tl.constexpr):
+    """Positions past `end` that a walk of [start, end) loads masked (they land in the last
+    bin of `wide_bins`, which the counts take back out: the bins of a row walked in chunks
+    add up to those of one walk)."""
+    STEP: tl.constexpr = WALK_PAIRS * WIDTH
+    return (end - start + STEP - 1) // STEP * STEP - (end - start)
+
+
+@triton.jit
+def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.constexpr, hist_ptr=0, x_max=0.0,
+                 scale=0.0, HIST: tl.constexpr = False):
     """Store every finite token of the row's logits [start, end) (the whole row: 0, V) with
     unsigned key >= theta (int64) in index order to the list (int32 `ordered_key`s at
     key_ptr, int32 indices at index_ptr, LIST entries at most); returns their number (more
     than LIST: only LIST stored). WALK_PAIRS threads of WALK_BYTES of contiguous logits per
     iteration (`split_walk` gives each program a multiple of WIDTH logits, so that its loads
-    stay aligned vectors)."""
+    stay aligned vectors). HIST: the same walk also counts its logits per `wide_bins` bin
+    (x_max, scale: `bin_scale`) and adds the counts to the WIDE_BINS int32 at hist_ptr."""
     WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
     bound = (theta - KEY_OFFSET).to(tl.int32)
     count = tl.zeros((), dtype=tl.int32)
+    if HIST:
+        acc = tl.zeros((WIDE_BINS,), dtype=tl.int32)
     for base in tl.range(start, end, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):
         offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
         x, fin = load_row(row_ptr, offs, end)
@@ -48,5 +77,12 @@ def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.conste
         tl.store(key_ptr + slot, key, mask=ok)
         tl.store(index_ptr + slot, offs, mask=ok)
         count += tl.sum(n, 0)
+        if HIST:
+            acc += tl.histogram(tl.reshape(wide_bins(x, fin, x_max, scale), [WALK_PAIRS * WIDTH], can_reorder=True),
+                                WIDE_BINS)
+    if HIST:
+        b = tl.arange(0, WIDE_BINS)
+        acc -= tl.where(b == WIDE_BINS - 1, walk_padding(start, end, WIDTH).to(tl.int32), 0)
+        tl.atomic_add(hist_ptr + b, acc, mask=acc != 0, sem="relaxed")
     tl.debug_barrier()  # the list is read by other threads next
     return count.to(tl.int64)

@@ -47,7 +47,8 @@ A top-p-alone row with more than 256 candidates (up to 2 * BUF) is decided from 
 searches over the list (`nucleus.py`: faster than the sort of BUF entries on the H200);
 a top-p row whose candidates fall short of the
 target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes),
-without the sorts (~80 us) that could not decide it.
+without the sorts (~80 us) that could not decide it; for a row whose walk `split_walk`
+shared out, its chunks did both passes, and the stats say what the bins gave (BINS_*).
 Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
 top-p prefix still short of the target take the general path: `sampling_rule.scan_row`
 (streaming filter with buffer shrinks, and the finite count), then the same decision,
@@ -74,9 +75,14 @@ LANE_MASK = tl.constexpr(2047)
 COLLECT_PAIRS = tl.constexpr(256)  # collect's (lane, step) pairs per iteration: one per thread at 8 warps
 HOT_WORDS = tl.constexpr(256)  # int64 words of the hot-lane list (512 int32 lanes: LIGHT_BYTES * 8 / LANE_BITS)
 RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after the candidates and hot lanes
-STATS = tl.constexpr(6)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass,
-# the bound of a row left to `walk_collect` (count WALK_ROW)
+STATS = tl.constexpr(10)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass,
+# the bound of a row left to `walk_collect` (count WALK_ROW), then what the bins of a split walk told (`split_walk`):
+# BINS (one of the three below), and `wide_list`'s (lo, hi, CAP best fall short) of them
 WALK_ROW = tl.constexpr(-3)  # a filtered row's count while its collect is left to `filtered_token`
+NO_BINS = tl.constexpr(0)  # no bins counted for the row: a short list gets `wide_list`
+BINS_LIST = tl.constexpr(1)  # the list is the one `wide_list` would collect (at the bins' bound)
+BINS_NO_LIST = tl.constexpr(2)  # the bins hold no bound for a list (`wide_list` gives -1)
+PASS_ROW = tl.constexpr(-6)  # token mark of a top-k / top-p row until the FILTERED row launch reads it
 
 # A scratch row (int64 words): the candidate list [0, 2 * BUF) (`collect`: 2 * BUF int32
 # keys, then 2 * BUF int32 indices; `scan_row` keeps BUF packed entries there), the hot
@@ -94,6 +100,30 @@ def results_of(work, BUF: tl.constexpr):
 def stats_of(work, BUF: tl.constexpr):
     """A filtered row's stats in its scratch row: after its RESULTS."""
     return results_of(work, BUF) + RESULTS
+
+
+@triton.jit
+def hot_of(work, BUF: tl.constexpr):
+    """The HOT_WORDS after a row's candidate list: `collect`'s hot lanes, or a split walk's
+    words (`split_walk`)."""
+    return work + 2 * BUF
+
+
+@triton.jit
+def store_pair(results, owner, j, row, draft):
+    """A top-k / top-p row's mark for `dflash_verify`'s FILTERED row launch, with what it needs of
+    the layout walk: (PASS_ROW, owner << 32 | j, packed row, draft) (owner and j < 2^31)."""
+    tl.store(results, PASS_ROW)
+    tl.store(results + 1, owner * 4294967296 + j)
+    tl.store(results + 2, row)
+    tl.store(results + 3, draft)
+
+
+@triton.jit
+def stored_pair(results, logits_ptr, stride):
+    """`store_pair`'s (owner, j, row pointer, draft)."""
+    pair = tl.load(results + 1)
+    return pair // 4294967296, pair % 4294967296, logits_ptr + tl.load(results + 2) * stride, tl.load(results + 3)
 
 
 @triton.jit
@@ -172,7 +202,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
-    hot_ptr = (buf_ptr + 2 * BUF).to(tl.pointer_type(tl.int32))  # the hot lanes' list: after the candidates
+    hot_ptr = hot_of(buf_ptr, BUF).to(tl.pointer_type(tl.int32))  # the hot lanes' list: after the candidates
     lane = tl.arange(0, LANES)
     bound = (theta - KEY_OFFSET).to(tl.int32)
     hot = (lane_max > float("-inf")) & (ordered_key(sanitize(lane_max)) >= bound)
@@ -268,7 +298,9 @@ def load_lanes(buf_ptr, stats_ptr, LANES: tl.constexpr):
 
 @triton.jit
 def store_stats(stats_ptr, count, x_max, arg, finite, mass):
-    """A filtered row's stats: (count or -1 without a bound, x_max, arg, lanes holding a finite logit, mass)."""
+    """A filtered row's stats: (count or -1 without a bound, x_max, arg, lanes holding a finite logit, mass);
+    no bins (NO_BINS)."""
+    tl.store(stats_ptr + 6, NO_BINS)
     tl.store(stats_ptr, count)
     tl.store(stats_ptr + 1, x_max.to(tl.int32, bitcast=True).to(tl.int64))
     tl.store(stats_ptr + 2, arg.to(tl.int64))
@@ -351,8 +383,15 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
                 if not reach:  # short of the target, or more than the list holds: `wide_list`
-                    n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target, keys_of(buf_ptr),
-                                                    keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
+                    bins = tl.load(stats_ptr + 6)
+                    if bins == NO_BINS:
+                        n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target,
+                                                        keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
+                    else:  # a split walk's bins (`split_walk`): the list, if any, is `wide_list`'s
+                        n = tl.where((bins == BINS_LIST) & (count >= 0) & (count <= 2 * BUF), count, -1)
+                        lo_p = tl.load(stats_ptr + 7)
+                        hi_p = tl.load(stats_ptr + 8)
+                        wide = tl.load(stats_ptr + 9) != 0
                 if n > 0:
                     token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
                                           top_p, mass, u, arg, vocab, 2 * BUF)

@@ -32,7 +32,10 @@ maximum: a wide nucleus in the Gaussian body) or overflows it gets a list of its
 lowest bin edge with at most 15 / 16 of LIST tokens above it is the bound, unless the bins'
 largest weights show that those tokens cannot reach the target (a flat row: no second
 pass); a second pass appends every token above the bound (`dense_collect.walk_collect`;
-both passes in its layout: 32 bytes per thread and iteration, 3 stages). On the H200
+both passes in its layout: 32 bytes per thread and iteration, 3 stages). The bound is the
+higher of that edge and the bracket's lo below (fewer tokens, still surely reaching the
+target). `split_walk` runs both passes in chunks over many programs and calls
+`wide_bound_of` on the bins they added up. On the H200
 (the benchmark's LLM-like rows, V = 151936 bf16, T = 0.8, top-p 0.9), 7 rows in 4096 had a
 nucleus over 1024 tokens or more candidates than the list holds: nuclei of 1449-2134
 tokens from short lists of 1367-1948 candidates (now decided here), and one of 7982 tokens
@@ -49,15 +52,14 @@ best tokens surely fall short (then no `scan_row` pass and no sorts: they cannot
 import triton
 import triton.language as tl
 
-from .common import FLT_MAX, key_value, unsigned_key, weight
-from .dense_collect import WALK_BYTES, WALK_PAIRS, WALK_STAGES, walk_collect
+from .common import key_value, unsigned_key, weight
+from .dense_collect import (BINS_PER_UNIT, WALK_BYTES, WALK_PAIRS, WALK_STAGES, WIDE_BINS, bin_scale, walk_collect,
+                            walk_padding, wide_bins)
 from .sampling_rule import KEY_OFFSET, KEY_TOP, PIVOTS, key_weight, load_row, tie_room
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
 TIES_BELOW = tl.constexpr(1)  # the number of entries tied at the cut with index < pivot
 KEPT_BELOW = tl.constexpr(2)  # the mass of the kept entries with index < pivot
-WIDE_BINS = tl.constexpr(256)  # `wide_bound`'s bins: BINS_PER_UNIT per unit of (x_max - x) / T, the last open
-BINS_PER_UNIT = tl.constexpr(8.0)  # (a bin: weights within a factor e^(1/8); 255 bins reach e^-31.9)
 WIDE_SLACK = tl.constexpr(16)  # `wide_list` leaves 1 / 16 of the list free (256 of 4096 entries): the
 # pass's bins and the collect's key comparisons may round differently at a bin edge
 
@@ -172,21 +174,30 @@ def _cut_bracket(acc, top, x_max, scale, mass, target, CAP: tl.constexpr):
 
 @triton.jit
 def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.constexpr):
-    """One pass: the unsigned key of the lowest bin edge x_max - b * T / BINS_PER_UNIT
-    (b >= 1) with at most `room` finite tokens at or above it, from their counts per bin of
-    (x_max - x) / T; -1 when the first bin holds more (T = +inf: every finite token in it),
-    or when those tokens cannot reach `target` (the mass at the row max: bin j's weights are
-    at most e^(-j / BINS_PER_UNIT), 0.1 % margin): a flat row's nucleus, wider than the list,
-    costs this pass and no collect. Then `_cut_bracket` of the same bins."""
-    scale = tl.minimum(BINS_PER_UNIT.value / temperature, FLT_MAX)
+    """One pass: the row's counts per `dense_collect.wide_bins` bin of (x_max - x) / T, then
+    `wide_bound_of` them."""
+    scale = bin_scale(temperature)
     acc = tl.zeros((WIDE_BINS,), dtype=tl.int32)
     WIDTH: tl.constexpr = WALK_BYTES * 8 // row_ptr.dtype.element_ty.primitive_bitwidth
     for base in tl.range(0, vocab, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):  # (`walk_collect`'s layout)
         offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
         x, fin = load_row(row_ptr, offs, vocab)
-        d = tl.where(x >= x_max, 0.0, (x_max - x) * scale)  # (inf * 0 or an infinite scale: no NaN)
-        bins = tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32)
-        acc += tl.histogram(tl.reshape(bins, [WALK_PAIRS * WIDTH], can_reorder=True), WIDE_BINS)
+        acc += tl.histogram(tl.reshape(wide_bins(x, fin, x_max, scale), [WALK_PAIRS * WIDTH], can_reorder=True),
+                            WIDE_BINS)
+    b = tl.arange(0, WIDE_BINS)
+    acc -= tl.where(b == WIDE_BINS - 1, walk_padding(0, vocab, WIDTH).to(tl.int32), 0)
+    return wide_bound_of(acc, x_max, scale, room, mass, target, CAP)
+
+
+@triton.jit
+def wide_bound_of(acc, x_max, scale, room, mass, target, CAP: tl.constexpr):
+    """From a row's counts per bin (`wide_bound`'s pass, or `split_walk`'s chunks added up):
+    the unsigned key of the lowest bin edge x_max - b * T / BINS_PER_UNIT (b >= 1) with at
+    most `room` finite tokens at or above it; -1 when the first bin holds more (T = +inf:
+    every finite token in it), or when those tokens cannot reach `target` (the mass at the
+    row max: bin j's weights are at most e^(-j / BINS_PER_UNIT), 0.1 % margin): a flat
+    row's nucleus, wider than the list, costs no collect. The bound is raised to
+    `_cut_bracket`'s lo of the same bins where that is higher (a shorter list)."""
     b = tl.arange(0, WIDE_BINS)
     fits = (tl.cumsum(acc, 0) <= room) & (b < WIDE_BINS - 1)  # bins 0..b hold at most room tokens
     last = tl.max(tl.where(fits, b, -1), 0)
@@ -194,7 +205,9 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.c
     reach = tl.sum(tl.where(b <= last, acc.to(tl.float64) * top, 0.0), 0) * 1.001 >= target
     edge = x_max - (last + 1).to(tl.float32) / scale
     lo, hi, cap_short = _cut_bracket(acc, top, x_max, scale, mass, target, CAP)
-    return tl.where((last >= 0) & reach, unsigned_key(edge), -1), lo, hi, cap_short
+    # (lo <= the cut: where it is above that edge, its fewer tokens surely reach the target; on
+    # the H200 a bound at the edge alone gave ~3400-token lists where the nucleus had fewer)
+    return tl.where((last >= 0) & reach, tl.maximum(unsigned_key(edge), lo), -1), lo, hi, cap_short
 
 
 @triton.jit

@@ -4,21 +4,37 @@
 to a whole-row walk (`dense_collect.walk_collect`). Done by the row's own program in
 `verify_filtered_kernel`, that walk took 64 us for V = 151936 bf16 on the H200 (one program
 reads 304 KB at ~5 GB/s) while the launch's other programs had exited: on the benchmark's
-LLM-like rows (64 x 16, T = 0.8, top-p 0.9) each input of 1024 rows had 5-8 such rows, with
-171-2247 candidates, and the launch waited ~130 us for them (the walk, then their sort).
+LLM-like rows (64 x 16, T = 0.8, top-p 0.9) each input of 1024 rows had 4-9 such rows, with
+197-2488 candidates, and the launch waited ~130 us for them (the walk, then their sort).
+Where that list fell short of the target (a nucleus below every lane maximum: 1-2 rows per
+1024), `nucleus.wide_list` then took two more single-program passes (~150 us).
 
 Here the FILTERED row launch queues such rows (`queue_walk`). In the decision launch, every
 program without a row of its own to decide takes chunks by an atomic ticket
-(`split_walks`): ticket t is chunk t % SPLIT of queued row t // SPLIT, walked into that
-chunk's segment of the row's list (SEGMENT = 2 * BUF / SPLIT entries; the chunk's count in
-the row's hot-lane words). The program that finishes a row's last chunk (an atomic count
-of finished chunks, fences on both sides) packs the segments in chunk order (`_pack`): the
-list `walk_collect` gives, in index order, so the decision's sums do not depend on which
-program finished first. It then takes no more tickets and decides that row: a program
-decides one row at most (the programs with a row of their own take no ticket), and the
-tickets never run out of takers (each queued row's own program has no row of its own). A
-chunk with more than SEGMENT candidates leaves the row's count at WALK_ROW: the deciding
-program walks the whole row itself, as before.
+(`split_walks`), in two phases of SPLIT chunks per queued row; every first-phase ticket
+comes before every second-phase one.
+
+1. Chunk c of a row walks logits [c * chunk, + chunk) at the row's bound into its segment of
+   the row's list (SEGMENT = 2 * BUF / SPLIT entries; the chunk's count in the hot words),
+   and adds the chunk's counts per bin of (x_max - x) / T (`dense_collect.wide_bins`) to the
+   row's bins. The program that finishes the row's last chunk (an atomic count of finished
+   chunks, fences on both sides) packs the segments in chunk order (`_pack`): the list
+   `walk_collect` gives, in index order, so the decision's sums do not depend on which
+   program finished first. If that list reaches the target (or the row is not top-p alone,
+   or a chunk overflowed its segment: the decision walks the whole row, as before), that
+   program decides the row. If it falls short (or more candidates than the list holds), the
+   row's bins, added up, are `wide_list`'s counting pass: their bound (`nucleus.wide_bound_of`)
+   is published for phase 2, or, without one, the program decides the row (its general
+   path, bracketed by the same bins).
+2. The row's second-phase chunks wait for that outcome (a takers' spin on the row's state: every
+   first-phase chunk is held by a running program that waits for nothing, so the spin ends),
+   then walk at the bins' bound; the program that finishes the last one packs the list
+   (`wide_list`'s) and decides the row. A decided row's second-phase tickets are skipped: its
+   first taker moves the ticket count past them (an atomic max).
+
+A program decides one row at most (the programs with a row of their own take no ticket),
+and the tickets never run out of takers (each queued row's own program has no row of its
+own; a program stops taking tickets only when they run out or it decides a row).
 """
 
 import os
@@ -26,8 +42,11 @@ import os
 import triton
 import triton.language as tl
 
-from .dense_collect import WALK_BYTES, WALK_PAIRS, walk_collect
-from .filtered import HOT_WORDS, keys_of, results_of, stats_of
+from .dense_collect import WALK_BYTES, WALK_PAIRS, WIDE_BINS, bin_scale, walk_collect
+from .filtered import (BINS_LIST, BINS_NO_LIST, HOT_WORDS, WALK_ROW, _candidate_mass, hot_of, keys_of, results_of,
+                       stats_of, stored_pair)
+from .nucleus import WIDE_SLACK, wide_bound_of
+from .sampling_rule import filters
 
 SPLIT = tl.constexpr(32)  # chunks per queued row
 
@@ -52,6 +71,16 @@ def queue_words(num_rows):
     return 2 + num_rows
 
 
+# A queued row's hot words (`filtered.hot_of`): chunks finished in the current phase, SPLIT
+# chunk counts, SPLIT chunk starts (`_pack`), the phase-2 state, then WIDE_BINS int32 bins.
+COUNTS = tl.constexpr(1)
+STARTS = tl.constexpr(COUNTS.value + SPLIT.value)
+STATE = tl.constexpr(STARTS.value + SPLIT.value)  # NOT_READY until phase 1 ends, then DONE or phase 2's bound (>= 0)
+BINS = tl.constexpr(STATE.value + 1)
+NOT_READY = tl.constexpr(-2)
+DONE = tl.constexpr(-1)
+
+
 @triton.jit
 def _fence(FENCE: tl.constexpr):
     """fence.acq_rel.gpu in every thread (CUDA's __threadfence): its global stores before any
@@ -67,45 +96,125 @@ def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
     """Queue the whole-row walk of this program's row (pair slot `slot`, scratch row at
     buf_ptr) for the decision launch. queue_ptr: `queue_words`; the first row launch zeroes
     its two counts."""
-    tl.static_assert(2 * SPLIT + 1 <= HOT_WORDS)  # finished chunks, chunk counts, chunk starts
+    tl.static_assert(BINS + WIDE_BINS // 2 <= HOT_WORDS)
+    hot = hot_of(buf_ptr, BUF)
+    tl.store(hot, 0)  # no chunk finished yet
+    tl.store(hot + STATE, NOT_READY)
+    tl.store(hot + BINS + tl.arange(0, WIDE_BINS // 2), 0)
     q = tl.atomic_add(queue_ptr, 1)
-    tl.store(buf_ptr + 2 * BUF, 0)  # no chunk finished yet
     tl.store(queue_ptr + 2 + q, slot)
 
 
 @triton.jit
-def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, BUF: tl.constexpr,
-                WORK: tl.constexpr, FENCE: tl.constexpr):
-    """Take tickets (chunks of the `asked` queued rows) until they run out or this program
-    finishes a row's last chunk; returns that row's pair slot (its list packed), else -1."""
-    total = asked * SPLIT
+def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, temperature_ptr, top_k_ptr, top_p_ptr,
+                BUF: tl.constexpr, WORK: tl.constexpr, CAP: tl.constexpr, FENCE: tl.constexpr):
+    """Take tickets (2 * SPLIT chunks of each of the `asked` queued rows) until they run out
+    or this program finishes the last work of a row; returns that row's pair slot (its
+    decision's list, or its bins, ready), else -1."""
+    per_phase = asked * SPLIT
     decide = tl.zeros((), dtype=tl.int64) - 1
     t = tl.atomic_add(queue_ptr + 1, 1)
-    while t < total:
-        slot = tl.load(queue_ptr + 2 + t // SPLIT)
+    while t < 2 * per_phase:
+        second = t >= per_phase
+        u = tl.where(second, t - per_phase, t)
+        slot = tl.load(queue_ptr + 2 + u // SPLIT)
         work = work_ptr + slot * WORK
-        row_ptr = logits_ptr + tl.load(results_of(work, BUF) + 2) * stride  # (`verify.store_pair`'s row)
-        if walk_part(row_ptr, vocab, chunk, (t % SPLIT).to(tl.int32), work, stats_of(work, BUF), BUF, FENCE):
-            decide = slot
-            t = total
+        hot = hot_of(work, BUF)
+        stats = stats_of(work, BUF)
+        owner, _, row_ptr, _ = stored_pair(results_of(work, BUF), logits_ptr, stride)
+        theta = tl.load(stats + 5)
+        if second:
+            theta = _await(hot + STATE, FENCE)
+        temperature = tl.load(temperature_ptr + owner)
+        last = tl.zeros((), dtype=tl.int1)
+        if theta < 0:  # DONE (decided after phase 1): no ticket of the row's phase 2 has work
+            tl.atomic_max(queue_ptr + 1, per_phase + (u // SPLIT + 1) * SPLIT)
+        else:
+            last = walk_part(row_ptr, vocab, chunk, (u % SPLIT).to(tl.int32), theta, temperature, work, stats, BUF,
+                             FENCE)
+        if last:
+            if second:
+                decide = slot
+            else:
+                bound = _first_outcome(work, stats, vocab, temperature, tl.load(top_k_ptr + owner),
+                                       tl.load(top_p_ptr + owner), BUF, CAP)
+                if bound < 0:
+                    decide = slot
+                else:
+                    tl.store(hot, 0)  # no chunk of phase 2 finished yet
+                tl.debug_barrier()
+                _fence(FENCE)  # the stats, the list and the reset count, before the state
+                tl.debug_barrier()
+                tl.atomic_xchg(hot + STATE, tl.where(bound >= 0, bound, DONE), sem="release", scope="gpu")
+        if decide >= 0:
+            t = 2 * per_phase
         else:
             t = tl.atomic_add(queue_ptr + 1, 1)
     return decide
 
 
 @triton.jit
-def walk_part(row_ptr, vocab, chunk, part, buf_ptr, stats_ptr, BUF: tl.constexpr, FENCE: tl.constexpr):
-    """Chunk `part` of a queued row's walk (logits [part * chunk, + chunk), at the bound in
-    its stats) into its segment of the row's list; true for the program that finished the
-    row's last chunk, which has packed the list (`_pack`) and decides the row next."""
+def _await(state_ptr, FENCE: tl.constexpr):
+    """A queued row's phase-2 state, once phase 1 has set it (DONE or the bound)."""
+    state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
+    while state == NOT_READY:
+        state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    _fence(FENCE)  # the stats and the reset count, after the state
+    return state
+
+
+@triton.jit
+def _first_outcome(work, stats, vocab, temperature, top_k, top_p, BUF: tl.constexpr, CAP: tl.constexpr):
+    """After phase 1 of a queued row (its list packed, or its count left at WALK_ROW or past the
+    list): the bound of phase 2, or -1 when phase 1 settles what the decision gets. A top-p-alone
+    row whose list falls short of the target or overflows gets its bins' verdict
+    (`nucleus.wide_bound_of`, as `wide_list` gives it; stats words 6..9 for `filtered_token`):
+    with a bound, the count goes back to WALK_ROW and the bound to the stats (phase 2 packs
+    its list there; a segment overflow leaves the decision a whole walk at that bound)."""
+    count = tl.load(stats)
+    x_max = tl.load(stats + 1).to(tl.int32).to(tl.float32, bitcast=True)
+    mass = tl.load(stats + 4).to(tl.float64, bitcast=True)
+    use_k, use_p = filters(top_k, top_p, vocab)
+    top_p_alone = use_p & ~use_k
+    target = top_p.to(tl.float64) * mass
+    short = top_p_alone & (count > 2 * BUF)
+    if top_p_alone & (count >= 0) & (count <= 2 * BUF):
+        short = _candidate_mass(work, count, x_max, temperature) < target
+    bound = tl.zeros((), dtype=tl.int64) - 1
+    if short:
+        acc = tl.load((hot_of(work, BUF) + BINS).to(tl.pointer_type(tl.int32)) + tl.arange(0, WIDE_BINS),
+                      cache_modifier=".cg")
+        LIST: tl.constexpr = 2 * BUF
+        bound, lo, hi, cap_short = wide_bound_of(acc, x_max, bin_scale(temperature), LIST - LIST // WIDE_SLACK, mass,
+                                                 target, CAP)
+        tl.store(stats + 7, lo)
+        tl.store(stats + 8, hi)
+        tl.store(stats + 9, cap_short.to(tl.int64))
+        tl.store(stats + 6, tl.where(bound >= 0, BINS_LIST, BINS_NO_LIST))
+        if bound >= 0:
+            tl.store(stats, WALK_ROW)
+            tl.store(stats + 5, bound)
+    return bound
+
+
+@triton.jit
+def walk_part(row_ptr, vocab, chunk, part, theta, temperature, buf_ptr, stats_ptr, BUF: tl.constexpr,
+              FENCE: tl.constexpr):
+    """Chunk `part` of a queued row's walk (logits [part * chunk, + chunk), at the bound theta)
+    into its segment of the row's list, its counts per bin added to the row's bins; true for
+    the program that finished the phase's last chunk, which has packed the list (`_pack`)."""
     SEGMENT: tl.constexpr = 2 * BUF // SPLIT
     tl.static_assert(SEGMENT * SPLIT == 2 * BUF)
-    hot = buf_ptr + 2 * BUF  # [finished chunks, SPLIT chunk counts, SPLIT chunk starts]
-    start = part * chunk
-    n = walk_collect(row_ptr, start, tl.minimum(start + chunk, vocab), tl.load(stats_ptr + 5),
-                     keys_of(buf_ptr) + part * SEGMENT, keys_of(buf_ptr) + 2 * BUF + part * SEGMENT, SEGMENT)
-    tl.store(hot + 1 + part, n)
-    _fence(FENCE)  # this program's segment and count, before the count of finished chunks
+    hot = hot_of(buf_ptr, BUF)
+    end = tl.minimum((part + 1) * chunk, vocab)
+    start = tl.minimum(part * chunk, end)
+    x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
+    n = walk_collect(row_ptr, start, end, theta, keys_of(buf_ptr) + part * SEGMENT,
+                     keys_of(buf_ptr) + 2 * BUF + part * SEGMENT, SEGMENT,
+                     (hot + BINS).to(tl.pointer_type(tl.int32)), x_max, bin_scale(temperature), True)
+    tl.store(hot + COUNTS + part, n)
+    _fence(FENCE)  # this program's segment, count and bins, before the count of finished chunks
     tl.debug_barrier()
     last = tl.atomic_add(hot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
@@ -118,23 +227,26 @@ def walk_part(row_ptr, vocab, chunk, part, buf_ptr, stats_ptr, BUF: tl.constexpr
 @triton.jit
 def _pack(buf_ptr, stats_ptr, BUF: tl.constexpr):
     """The segments, moved to the front of the list in chunk order (each in index order), and
-    their total as the row's count; if a chunk overflowed its segment, nothing: the count
-    stays WALK_ROW."""
+    their total as the row's count; if a chunk overflowed its segment, only a total past the
+    list (nothing reads the list then), else nothing: the count stays WALK_ROW."""
     SEGMENT: tl.constexpr = 2 * BUF // SPLIT
-    hot = buf_ptr + 2 * BUF
+    hot = hot_of(buf_ptr, BUF)
     c = tl.arange(0, SPLIT)
-    counts = tl.load(hot + 1 + c, cache_modifier=".cg")
+    counts = tl.load(hot + COUNTS + c, cache_modifier=".cg")
+    total = tl.sum(counts, 0)
     if tl.max(counts, 0) <= SEGMENT:
-        tl.store(hot + 1 + SPLIT + c, tl.cumsum(counts, 0) - counts)
+        tl.store(hot + STARTS + c, tl.cumsum(counts, 0) - counts)
         tl.debug_barrier()  # the starts, stored by other threads
         i = tl.arange(0, 2 * BUF)
         at = i % SEGMENT
-        live = at < tl.load(hot + 1 + i // SEGMENT, cache_modifier=".cg")
-        to = tl.load(hot + 1 + SPLIT + i // SEGMENT) + at
+        live = at < tl.load(hot + COUNTS + i // SEGMENT, cache_modifier=".cg")
+        to = tl.load(hot + STARTS + i // SEGMENT) + at
         key = tl.load(keys_of(buf_ptr) + i, mask=live, other=0, cache_modifier=".cg")
         index = tl.load(keys_of(buf_ptr) + 2 * BUF + i, mask=live, other=0, cache_modifier=".cg")
         tl.debug_barrier()  # every entry loaded before any moves (to <= i)
         tl.store(keys_of(buf_ptr) + to, key, mask=live)
         tl.store(keys_of(buf_ptr) + 2 * BUF + to, index, mask=live)
-        tl.store(stats_ptr, tl.sum(counts, 0))
-        tl.debug_barrier()
+        tl.store(stats_ptr, total)
+    elif total > 2 * BUF:
+        tl.store(stats_ptr, total)
+    tl.debug_barrier()

@@ -28,7 +28,9 @@ Algorithm, four launches (no host synchronisation between them):
    registers, the long-list search, the general path; 227 registers on sm_90, 1 program per SM),
    so the launches above keep their occupancy. The whole-row collects that launch 2
    queues are split in 32 chunks each, handed out to the programs without a row of their
-   own (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk.
+   own (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk. The
+   same chunks count the row's bins, so a list that falls short of the target gets
+   `wide_list`'s bound without its counting pass, and a second round of chunks collects it.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
@@ -53,15 +55,14 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
                      prefix_chunks)
-from .filtered import (RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes, needs_mass,
-                       results_of, stats_of, store_lanes)
+from .filtered import (PASS_ROW, RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes,
+                       needs_mass, results_of, stats_of, store_lanes, store_pair, stored_pair)
 from .split_walk import fences, queue_walk, queue_words, split_walks, walk_chunk
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
-PASS_ROW = tl.constexpr(-6)  # token mark of a top-k / top-p row until the FILTERED row launch reads it
 UNUSED_SLOT = tl.constexpr(-7)  # token mark of a slot that holds no admitted (owner, j) pair
 FILTERED_ROW = tl.constexpr(-5)  # token mark of a top-k / top-p row until verify_filtered_kernel decides it
 QUEUED_ROW = tl.constexpr(-8)  # the same, for a row whose whole-row walk is queued (`split_walk`)
@@ -142,23 +143,6 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
 
 
 @triton.jit
-def store_pair(results, owner, j, row, draft):
-    """A top-k / top-p row's mark for the FILTERED row launch, with what it needs of the layout
-    walk: (PASS_ROW, owner << 32 | j, packed row, draft) (owner and j < 2^31)."""
-    tl.store(results, PASS_ROW)
-    tl.store(results + 1, owner * 4294967296 + j)
-    tl.store(results + 2, row)
-    tl.store(results + 3, draft)
-
-
-@triton.jit
-def stored_pair(results, logits_ptr, stride):
-    """`store_pair`'s (owner, j, row pointer, draft)."""
-    pair = tl.load(results + 1)
-    return pair // 4294967296, pair % 4294967296, logits_ptr + tl.load(results + 2) * stride, tl.load(results + 3)
-
-
-@triton.jit
 def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
                   queue_ptr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
@@ -201,7 +185,8 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
         # 4.9 us on the H200 at 1024 rows; 10.3 us with the loads and a loop outside one branch)
         slot = tl.where(own, pid.to(tl.int64), -1)
         if not own:
-            slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, BUF, WORK, FENCE)
+            slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
+                               top_k_ptr, top_p_ptr, BUF, WORK, CAP, FENCE)
         if slot >= 0:
             work = work_ptr + slot * WORK
             results = results_of(work, BUF)
