@@ -473,7 +473,7 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
     work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
     assert int(queue[0]) == 2 and sorted(queue[2:4].tolist()) == spread
-    assert int(queue[1]) >= 2 * split_walk.SPLIT.value  # every ticket taken (and one more by each taker)
+    assert int(queue[1]) >= 2 * 2 * split_walk.SPLIT.value  # every ticket of both phases taken
     stats = 2 * buf + HOT_WORDS.value + filtered.RESULTS.value
     for r in spread:
         assert int(work[r, 2 * buf]) == split_walk.SPLIT.value  # every chunk finished
@@ -486,18 +486,25 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
 
 
 def test_split_walks_past_the_queue_and_past_a_segment(monkeypatch):
-    """Many queued walks (24 spread rows and 8 long-list rows of 64: their chunks taken by the
-    programs without a row of their own; the interpreter runs programs one after another, so
-    each taker walks one row's chunks and decides it) and chunks with more candidates than
-    their segment (cap 8, block 16: BUF 32, a list of 64, segments of 2 entries; four spread
-    rows with every high token tied, so a chunk of 16 logits holds 4 candidates: the program
-    that finished last walks those rows whole), among temperature-only rows, bfloat16,
-    against the reference."""
+    """Many queued walks (24 top-p rows whose bound takes every lane and 8 long-list rows of
+    64: their chunks taken by the programs without a row of their own; the interpreter runs
+    programs one after another, so each taker walks one row's chunks and decides it), at
+    cap 8, block 16 (BUF 32: a list of 64, segments of 2 entries; 2 lanes of 8 bf16 logits),
+    among temperature-only rows, bfloat16, against the reference. Rows 20-21: 75 tied
+    candidates, more than the list holds: the chunks' bins show no bound (no second phase, the
+    general path). Rows 22-23: 32 tied candidates, 4 per chunk of 16 logits: a segment
+    overflows, the program that finished last walks the row whole. Row 19: a list of the two
+    lane maxima falls short of top-p 0.99 (36 more tokens one unit below): the bins give
+    `wide_list`'s bound, which phase 2 walks in chunks and packs."""
     g = torch.Generator().manual_seed(43)
     n, vocab = 64, 300
     logits = torch.cat([_spread_rows(g, 24, vocab, 4), _long_list_rows(g, 8, vocab, 40, 4, 3.0),
                         torch.randn(32, vocab, generator=g) * 3.0])
     logits[20:24] = torch.where(logits[20:24] > 0, 5.0, -30.0)
+    logits[22:24, 128:] = -30.0
+    logits[19] = -30.0
+    logits[19, torch.arange(36) * 8 + 3] = 9.0  # 2 per chunk, one per lane of each step
+    logits[19, [290, 298]] = 10.0  # the lane maxima (lanes 0 and 1 of the last step)
     top_p = torch.cat([torch.tensor([0.3, 0.6, 0.9, 0.99]).repeat(8), torch.ones(32)])
     inp = _to({"logits": logits.to(torch.bfloat16), "tokens": torch.randint(0, vocab, (n,), generator=g),
                "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
@@ -507,9 +514,24 @@ def test_split_walks_past_the_queue_and_past_a_segment(monkeypatch):
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
     work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
     assert sorted(queue[2:2 + int(queue[0])].tolist()) == list(range(32))  # every top-p row walked in chunks
-    counts = work[:32, 2 * buf + HOT_WORDS.value + filtered.RESULTS.value]
-    assert bool((counts[20:24] == filtered.WALK_ROW.value).all())  # a segment overflowed: walked whole
-    assert int((counts > 0).sum()) >= 20  # the others packed
+    stats = work[:32, 2 * buf + HOT_WORDS.value + filtered.RESULTS.value:][:, :filtered.STATS.value]
+    assert stats[20:22, 0].tolist() == [75, 75] and stats[20:22, 6].tolist() == [filtered.BINS_NO_LIST.value] * 2
+    assert bool((stats[22:24, 0] == filtered.WALK_ROW.value).all())  # a segment overflowed: walked whole
+    assert stats[19, 6] == filtered.BINS_LIST.value  # phase 2 at the bins' bound
+    kept = torch.nonzero(_unsigned_key(logits[19].to(torch.bfloat16)) >= int(stats[19, 5])).flatten()
+    assert int(stats[19, 0]) == kept.numel() == 38
+    words = work[19].view(torch.int32)
+    assert torch.equal(words[2 * buf: 2 * buf + kept.numel()].long(), kept)
+    assert int(work[19, 2 * buf]) == split_walk.SPLIT.value  # every chunk of phase 2 finished
+    # Rows 0-18 (75 highs spread over 0.5 units, one per 4 logits): the list at the lowest lane
+    # maximum (packed) falls short; for top-p 0.3 / 0.6 the bins' list (4 highs per chunk)
+    # overflows a segment of phase 2 (walked whole at the bins' bound), for 0.9 / 0.99 the bins
+    # show that the 60 best cannot reach the target (no list: the general path).
+    low = torch.arange(19) % 4 < 2
+    assert bool((stats[:19][low, 6] == filtered.BINS_LIST.value).all()), stats[:19].tolist()
+    assert bool((stats[:19][low, 0] == filtered.WALK_ROW.value).all())
+    assert bool((stats[:19][~low, 6] == filtered.BINS_NO_LIST.value).all()), stats[:19].tolist()
+    assert bool((stats[:19][~low, 0] > 0).all())
 
 
 @triton.jit
