@@ -25,7 +25,8 @@ Algorithm, four launches (no host synchronisation between them):
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
-   registers, the long-list search, the general path; 227 registers on sm_90, 1 program per SM),
+   registers, the long-list search, the general path; 252 registers on sm_90 (bf16; no
+   stack), 1 program per SM),
    so the launches above keep their occupancy. The whole-row collects that launch 2
    queues are split in 32 chunks each, handed out to the programs without a row of their
    own (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk. The
