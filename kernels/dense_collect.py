@@ -82,7 +82,7 @@ def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.conste
                                 WIDE_BINS)
     if HIST:
         b = tl.arange(0, WIDE_BINS)
-        acc -= tl.where(b == WIDE_BINS - 1, walk_padding(start, end, WIDTH).to(tl.int32), 0)
+        acc -= tl.where(b == WIDE_BINS - 1, walk_padding(start, end, WIDTH), 0).to(tl.int32)
         tl.atomic_add(hist_ptr + b, acc, mask=acc != 0, sem="relaxed")
     tl.debug_barrier()  # the list is read by other threads next
     return count.to(tl.int64)

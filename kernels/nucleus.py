@@ -185,7 +185,7 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.c
         acc += tl.histogram(tl.reshape(wide_bins(x, fin, x_max, scale), [WALK_PAIRS * WIDTH], can_reorder=True),
                             WIDE_BINS)
     b = tl.arange(0, WIDE_BINS)
-    acc -= tl.where(b == WIDE_BINS - 1, walk_padding(0, vocab, WIDTH).to(tl.int32), 0)
+    acc -= tl.where(b == WIDE_BINS - 1, walk_padding(0, vocab, WIDTH), 0).to(tl.int32)  # (V may be a Python int)
     return wide_bound_of(acc, x_max, scale, room, mass, target, CAP)
 
 
