@@ -36,19 +36,21 @@ def bin_scale(temperature):
 
 @triton.jit
 def wide_bins(x, fin, x_max, scale):
-    """Each logit's bin of (x_max - x) / T (`nucleus.wide_bound`'s counts): the last bin is
-    open, and holds the logits that are not finite too."""
+    """The counts per bin of (x_max - x) / T of one iteration's logits (`nucleus.wide_bound`'s
+    bins): the last bin is open, and holds the logits that are not finite too."""
     d = tl.where(x >= x_max, 0.0, (x_max - x) * scale)  # (inf * 0 or an infinite scale: no NaN)
-    return tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32)
+    bins = tl.where(fin, tl.minimum(d, WIDE_BINS - 1.0), WIDE_BINS - 1.0).to(tl.int32)
+    return tl.histogram(tl.reshape(bins, [bins.numel], can_reorder=True), WIDE_BINS)
 
 
 @triton.jit
-def walk_padding(start, end, WIDTH: tl.constexpr):
-    """Positions past `end` that a walk of [start, end) loads masked (they land in the last
-    bin of `wide_bins`, which the counts take back out: the bins of a row walked in chunks
-    add up to those of one walk)."""
+def without_padding(acc, start, end, WIDTH: tl.constexpr):
+    """`wide_bins` counts of a walk of [start, end), less the positions past `end` that it
+    loaded masked (counted in the last bin): the bins of a row walked in chunks add up to
+    those of one walk. (V may be a Python int here: no .to() on an expression of it.)"""
     STEP: tl.constexpr = WALK_PAIRS * WIDTH
-    return (end - start + STEP - 1) // STEP * STEP - (end - start)
+    padding = (end - start + STEP - 1) // STEP * STEP - (end - start)
+    return acc - tl.where(tl.arange(0, WIDE_BINS) == WIDE_BINS - 1, padding, 0).to(tl.int32)
 
 
 @triton.jit
@@ -78,11 +80,9 @@ def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.conste
         tl.store(index_ptr + slot, offs, mask=ok)
         count += tl.sum(n, 0)
         if HIST:
-            acc += tl.histogram(tl.reshape(wide_bins(x, fin, x_max, scale), [WALK_PAIRS * WIDTH], can_reorder=True),
-                                WIDE_BINS)
+            acc += wide_bins(x, fin, x_max, scale)
     if HIST:
-        b = tl.arange(0, WIDE_BINS)
-        acc -= tl.where(b == WIDE_BINS - 1, walk_padding(start, end, WIDTH), 0).to(tl.int32)
-        tl.atomic_add(hist_ptr + b, acc, mask=acc != 0, sem="relaxed")
+        acc = without_padding(acc, start, end, WIDTH)
+        tl.atomic_add(hist_ptr + tl.arange(0, WIDE_BINS), acc, mask=acc != 0, sem="relaxed")
     tl.debug_barrier()  # the list is read by other threads next
     return count.to(tl.int64)

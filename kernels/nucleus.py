@@ -54,7 +54,7 @@ import triton.language as tl
 
 from .common import key_value, unsigned_key, weight
 from .dense_collect import (BINS_PER_UNIT, WALK_BYTES, WALK_PAIRS, WALK_STAGES, WIDE_BINS, bin_scale, walk_collect,
-                            walk_padding, wide_bins)
+                            wide_bins, without_padding)
 from .sampling_rule import KEY_OFFSET, KEY_TOP, PIVOTS, key_weight, load_row, tie_room
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
@@ -182,11 +182,8 @@ def wide_bound(row_ptr, vocab, x_max, temperature, room, mass, target, CAP: tl.c
     for base in tl.range(0, vocab, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):  # (`walk_collect`'s layout)
         offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
         x, fin = load_row(row_ptr, offs, vocab)
-        acc += tl.histogram(tl.reshape(wide_bins(x, fin, x_max, scale), [WALK_PAIRS * WIDTH], can_reorder=True),
-                            WIDE_BINS)
-    b = tl.arange(0, WIDE_BINS)
-    acc -= tl.where(b == WIDE_BINS - 1, walk_padding(0, vocab, WIDTH), 0).to(tl.int32)  # (V may be a Python int)
-    return wide_bound_of(acc, x_max, scale, room, mass, target, CAP)
+        acc += wide_bins(x, fin, x_max, scale)
+    return wide_bound_of(without_padding(acc, 0, vocab, WIDTH), x_max, scale, room, mass, target, CAP)
 
 
 @triton.jit
