@@ -18,7 +18,7 @@ comes before every second-phase one.
    the row's list (SEGMENT = 2 * BUF / SPLIT entries; the chunk's count in the hot words),
    and adds the chunk's counts per bin of (x_max - x) / T (`dense_collect.wide_bins`) to the
    row's bins. The program that finishes the row's last chunk (an atomic count of finished
-   chunks, fences on both sides) packs the segments in chunk order (`_pack`): the list
+   chunks, acq_rel at GPU scope, see below) packs the segments in chunk order (`_pack`): the list
    `walk_collect` gives, in index order, so the decision's sums do not depend on which
    program finished first. If that list reaches the target (or the row is not top-p alone,
    or a chunk overflowed its segment: the decision walks the whole row, as before), that
@@ -32,17 +32,23 @@ comes before every second-phase one.
    (`wide_list`'s) and decides the row. A decided row's second-phase tickets are skipped: its
    first taker moves the ticket count past them (an atomic max).
 
+Hand-overs between programs (a chunk's segment and bins to the row's packer, phase 1's
+outcome to phase 2) follow the cooperative-groups grid-sync pattern: the writer's threads
+store, the program's barrier, one atomic with release (acq_rel) at GPU scope; the reader's
+acquire atomic, the program's barrier, its threads' loads. PTX's causality order runs through
+both barriers, so no fence instruction is needed; Triton has one only as inline assembly,
+which torch's mutation analysis cannot read (AOTInductor export then copies every input of
+the kernel, the logits among them: `tests/test_kernels_compile.py`).
+
 A program decides one row at most (the programs with a row of their own take no ticket),
 and the tickets never run out of takers (each queued row's own program has no row of its
 own; a program stops taking tickets only when they run out or it decides a row).
 """
 
-import os
-
 import triton
 import triton.language as tl
 
-from .dense_collect import WALK_BYTES, WALK_PAIRS, WIDE_BINS, bin_scale, walk_collect
+from .dense_collect import WALK_BYTES, WIDE_BINS, bin_scale, walk_collect
 from .filtered import (BINS_LIST, BINS_NO_LIST, HOT_WORDS, WALK_ROW, _candidate_mass, hot_of, keys_of, results_of,
                        stats_of, stored_pair)
 from .nucleus import WIDE_SLACK, wide_bound_of
@@ -58,12 +64,6 @@ def walk_chunk(vocab: int, itemsize: int) -> int:
     width = max(16, WALK_BYTES.value // itemsize)
     per = -(-vocab // SPLIT.value)
     return -(-per // width) * width
-
-
-def fences() -> bool:
-    """Whether the kernels fence the split walk's hand-over (not in the interpreter, which runs
-    programs one after another and has no inline assembly)."""
-    return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def queue_words(num_rows):
@@ -82,16 +82,6 @@ DONE = tl.constexpr(-1)
 
 
 @triton.jit
-def _fence(FENCE: tl.constexpr):
-    """fence.acq_rel.gpu in every thread (CUDA's __threadfence): its global stores before any
-    later store or atomic, seen from the whole GPU; its later loads after them."""
-    if FENCE:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r",
-                                  [tl.zeros((WALK_PAIRS,), dtype=tl.int32)], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-
-
-@triton.jit
 def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
     """Queue the whole-row walk of this program's row (pair slot `slot`, scratch row at
     buf_ptr) for the decision launch. queue_ptr: `queue_words`; the first row launch zeroes
@@ -107,7 +97,7 @@ def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
 
 @triton.jit
 def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, temperature_ptr, top_k_ptr, top_p_ptr,
-                BUF: tl.constexpr, WORK: tl.constexpr, CAP: tl.constexpr, FENCE: tl.constexpr):
+                BUF: tl.constexpr, WORK: tl.constexpr, CAP: tl.constexpr):
     """Take tickets (2 * SPLIT chunks of each of the `asked` queued rows) until they run out
     or this program finishes the last work of a row; returns that row's pair slot (its
     decision's list, or its bins, ready), else -1."""
@@ -124,14 +114,13 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
         owner, _, row_ptr, _ = stored_pair(results_of(work, BUF), logits_ptr, stride)
         theta = tl.load(stats + 5)
         if second:
-            theta = _await(hot + STATE, FENCE)
+            theta = _await(hot + STATE)
         temperature = tl.load(temperature_ptr + owner)
         last = tl.zeros((), dtype=tl.int1)
         if theta < 0:  # DONE (decided after phase 1): no ticket of the row's phase 2 has work
             tl.atomic_max(queue_ptr + 1, per_phase + (u // SPLIT + 1) * SPLIT)
         else:
-            last = walk_part(row_ptr, vocab, chunk, (u % SPLIT).to(tl.int32), theta, temperature, work, stats, BUF,
-                             FENCE)
+            last = walk_part(row_ptr, vocab, chunk, (u % SPLIT).to(tl.int32), theta, temperature, work, stats, BUF)
         if last:
             if second:
                 decide = slot
@@ -142,9 +131,7 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
                     decide = slot
                 else:
                     tl.store(hot, 0)  # no chunk of phase 2 finished yet
-                tl.debug_barrier()
-                _fence(FENCE)  # the stats, the list and the reset count, before the state
-                tl.debug_barrier()
+                tl.debug_barrier()  # the stats, the list and the reset count, before the state
                 tl.atomic_xchg(hot + STATE, tl.where(bound >= 0, bound, DONE), sem="release", scope="gpu")
         if decide >= 0:
             t = 2 * per_phase
@@ -154,13 +141,12 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
 
 
 @triton.jit
-def _await(state_ptr, FENCE: tl.constexpr):
+def _await(state_ptr):
     """A queued row's phase-2 state, once phase 1 has set it (DONE or the bound)."""
     state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
     while state == NOT_READY:
         state = tl.atomic_add(state_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-    _fence(FENCE)  # the stats and the reset count, after the state
+    tl.debug_barrier()  # the stats and the reset count, after the state
     return state
 
 
@@ -199,8 +185,7 @@ def _first_outcome(work, stats, vocab, temperature, top_k, top_p, BUF: tl.conste
 
 
 @triton.jit
-def walk_part(row_ptr, vocab, chunk, part, theta, temperature, buf_ptr, stats_ptr, BUF: tl.constexpr,
-              FENCE: tl.constexpr):
+def walk_part(row_ptr, vocab, chunk, part, theta, temperature, buf_ptr, stats_ptr, BUF: tl.constexpr):
     """Chunk `part` of a queued row's walk (logits [part * chunk, + chunk), at the bound theta)
     into its segment of the row's list, its counts per bin added to the row's bins; true for
     the program that finished the phase's last chunk, which has packed the list (`_pack`)."""
@@ -214,12 +199,10 @@ def walk_part(row_ptr, vocab, chunk, part, theta, temperature, buf_ptr, stats_pt
                      keys_of(buf_ptr) + 2 * BUF + part * SEGMENT, SEGMENT,
                      (hot + BINS).to(tl.pointer_type(tl.int32)), x_max, bin_scale(temperature), True)
     tl.store(hot + COUNTS + part, n)
-    _fence(FENCE)  # this program's segment, count and bins, before the count of finished chunks
-    tl.debug_barrier()
+    tl.debug_barrier()  # this program's segment, count and bins, before the count of finished chunks
     last = tl.atomic_add(hot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
-        tl.debug_barrier()
-        _fence(FENCE)  # the other programs' segments, before this one reads them
+        tl.debug_barrier()  # the other programs' segments, before this one reads them
         _pack(buf_ptr, stats_ptr, BUF)
     return last
 

@@ -58,7 +58,7 @@ from .launch import (check_inputs, check_length, decide_config, filtered_rows_co
                      prefix_chunks)
 from .filtered import (PASS_ROW, RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes,
                        needs_mass, results_of, stats_of, store_lanes, store_pair, stored_pair)
-from .split_walk import fences, queue_walk, queue_words, split_walks, walk_chunk
+from .split_walk import queue_walk, queue_words, split_walks, walk_chunk
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -172,7 +172,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
                            temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr, queue_ptr,
                            num_rows, num_owners, vocab, chunk, walk_chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr, FENCE: tl.constexpr):
+                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
     """The decision of each row the FILTERED row launch marked FILTERED_ROW, by its own
     program, and of each QUEUED_ROW row, by the program that finished the last chunk of its
     split walk (`split_walk.split_walks`: the programs without a row of their own take the
@@ -187,7 +187,7 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
         slot = tl.where(own, pid.to(tl.int64), -1)
         if not own:
             slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
-                               top_k_ptr, top_p_ptr, BUF, WORK, CAP, FENCE)
+                               top_k_ptr, top_p_ptr, BUF, WORK, CAP)
         if slot >= 0:
             work = work_ptr + slot * WORK
             results = results_of(work, BUF)
@@ -291,7 +291,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
                 *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
-                FENCE=fences(), num_warps=heavy.warps)
+                num_warps=heavy.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,

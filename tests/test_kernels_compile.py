@@ -4,6 +4,7 @@ the kernels' Python, not their compilation, so this is where a non-constexpr glo
 type mismatch in a branch the test data never takes, or a spill shows up before GPU time.
 (A subprocess: the tests run the kernels under TRITON_INTERPRET=1, which replaces them.)"""
 
+import json
 import os
 import re
 import subprocess
@@ -61,3 +62,64 @@ def test_kernels_compile_with_vocab_as_a_constant():
                           "--only", "bf16"], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert len([x for x in run.stdout.splitlines() if "REG:" in x]) == 9, run.stdout  # 6 verify + 3 sample_rows variants
+
+
+def test_kernel_sources_survive_inductors_source_file():
+    """AOTInductor writes each kernel's source, with its helpers, into a Python file inside a
+    ''' string literal (`async_compile.triton(name, '''...''')`): a backslash escape in the
+    source turns into the character it names there (seen on the H200: split_walk's fence asm
+    text, "fence...;\\n...", became an unterminated string, and every CUDA export of the
+    sampling heads failed). Each kernel's source, pasted as Inductor pastes it, parses back
+    to the same text. (A subprocess: Inductor reads JITFunctions, which TRITON_INTERPRET=1
+    replaces.)"""
+    script = """
+import ast, importlib, pkgutil
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as source
+from triton.runtime.jit import JITFunction
+from dflash_et import kernels
+seen = 0
+for info in pkgutil.iter_modules(kernels.__path__):
+    module = importlib.import_module(f"dflash_et.kernels.{info.name}")
+    for name, obj in vars(module).items():
+        if isinstance(obj, JITFunction) and name.endswith("_kernel") and obj.fn.__module__ == module.__name__:
+            src = source(obj)
+            pasted = "async_compile.triton(" + repr(name) + ", '''\\n" + src + "\\n''')\\n"
+            text = ast.parse(pasted).body[0].value.args[1].value
+            assert text.strip() == src.strip(), f"{module.__name__}.{name}: the pasted source reads differently"
+            ast.parse(text)
+            seen += 1
+print("kernels", seen)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert int(run.stdout.split()[-1]) == 5, run.stdout  # verify.py 3 (the argmax op among them), sample_rows.py 2
+
+
+def test_torch_mutation_analysis_reads_every_kernel():
+    """AOTInductor export runs torch's mutation analysis on each kernel's TTIR and copies
+    every tensor it finds written before the launch. Inline assembly stops it (split_walk's
+    old fence, seen on the H200): every input then counts as written, the logits among them.
+    Every launch of the three ops is analysed without that fallback, and none writes the
+    tokens, offsets, positions or seeds (the fallback writes them all). The analysis
+    over-approximates: it follows a @triton.jit helper's result back to every argument of
+    the call (only a load stops it), so a store whose address a logit picks, through a
+    helper that was given the row pointer, counts as a write to the logits: the filtered
+    launches (verify_filtered_kernel, chunk_kernel, sample_rows' second) report logits_ptr
+    (and verify_filtered_kernel the owners' parameters, through split_walks' result). The
+    light launches are exact."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py")], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["fallbacks"] == 0, run.stderr[-3000:]
+    launches = found["launches"]
+    assert len(launches) == 9, launches  # verify 4, verify_argmax 2, sample_rows 3
+    never = {"tokens_ptr", "offsets_ptr", "start_position_ptr", "position_ptr", "seed_ptr"}
+    for kernel, writes in launches:
+        assert writes and not never & set(writes), (kernel, writes)
+    exact = {"verify_rows_kernel": ["queue_ptr", "work_ptr"],
+             "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"]}
+    for kernel, writes in launches:
+        assert writes == exact.get(kernel, writes), (kernel, writes)
