@@ -33,7 +33,7 @@ import triton
 from triton.testing import do_bench
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
-from dflash_et.export import heads, rng
+from dflash_et.export import cases, heads, rng
 
 MODES = {  # name -> (temperature, top_k, top_p)
     "greedy": (0.0, 0, 1.0),
@@ -84,7 +84,7 @@ def make_inputs(g, owners, vocab, dtype, mode, flat=False):
     }
 
 
-KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+KEYS = cases.VERIFY_INPUTS
 
 
 def sort_pipeline(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed):

@@ -58,9 +58,8 @@ def main():
     verify.wrap_triton = sample_rows.wrap_triton = Spy
     g = torch.Generator().manual_seed(0)
     inp = cases.verify_case(g, 1000, 8, 4, torch.bfloat16)
-    keys = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
-    verify.launch(*[inp[k] for k in keys])
-    verify.launch(*[inp[k] for k in keys], greedy=True)
+    verify.launch(*[inp[k] for k in cases.VERIFY_INPUTS])
+    verify.launch(*[inp[k] for k in cases.VERIFY_INPUTS], greedy=True)
     sample_rows.launch(**cases.sample_case(g, 1000, 4, torch.bfloat16))
     result = [[kernel.fn.__name__, written(kernel, kwargs)] for kernel, kwargs in launches]
     print(json.dumps({"fallbacks": fallbacks.count, "launches": result}))

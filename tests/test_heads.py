@@ -40,8 +40,7 @@ def test_verify_matches_oracle_on_random_cases():
 
 
 def _verify_args(inp):
-    keys = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
-    return [inp[k] for k in keys]
+    return [inp[k] for k in cases.VERIFY_INPUTS]
 
 
 def test_acceptance_runs_long_when_drafts_are_the_targets_tokens():

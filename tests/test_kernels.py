@@ -22,8 +22,8 @@ from dflash_et.kernels import filtered, nucleus, sampling_rule, split_walk
 from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
-VERIFY_KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
-SAMPLE_KEYS = ["logits", "position", "temperature", "top_k", "top_p", "seed"]
+VERIFY_KEYS = cases.VERIFY_INPUTS
+SAMPLE_KEYS = cases.SAMPLE_INPUTS
 
 
 def _to(inp):

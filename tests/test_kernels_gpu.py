@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SMALL = os.environ.get("DFLASH_GPU_SUITE") == "small"
 VOCABS = [1000, 32000] if SMALL else [1000, 32000, 151936, 262144]
 MAX_ROWS = 128 if SMALL else 2048
-KEYS = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
+KEYS = cases.VERIFY_INPUTS
 
 
 def _packed_case(g, vocab, dtype, max_rows, device="cuda"):
@@ -73,9 +73,9 @@ def test_verify_parity_on_gpu(vocab, dtype):
 def test_sample_rows_parity_on_gpu(vocab):
     g = torch.Generator().manual_seed(vocab + 1)
     inp = {k: v.cuda() for k, v in cases.sample_case(g, vocab, 64, torch.bfloat16).items()}
-    keys = ["logits", "position", "temperature", "top_k", "top_p", "seed"]
-    got = torch.ops.dflash.sample_rows(*[inp[k] for k in keys])
-    want = heads.SampleRows()(*[inp[k] for k in keys])
+    args = [inp[k] for k in cases.SAMPLE_INPUTS]
+    got = torch.ops.dflash.sample_rows(*args)
+    want = heads.SampleRows()(*args)
     u = rng.uniform(inp["seed"], inp["position"], rng.SAMPLE)
     close = legal.close_rows(inp["logits"], inp["temperature"], inp["top_k"], inp["top_p"], u)
     assert not bool(((got != want) & ~close).any())
