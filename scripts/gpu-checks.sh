@@ -35,9 +35,9 @@ from dflash_et.export import cases
 vocab, dtype = int(sys.argv[1]), getattr(torch, sys.argv[2])
 g = torch.Generator().manual_seed(0)
 inp = {k: v.cuda() for k, v in cases.verify_case(g, vocab, 32, 8, dtype).items()}
-keys = ["logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed"]
-torch.ops.dflash.dflash_verify(*[inp[k] for k in keys])
-torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in keys[:3]])
+args = [inp[k] for k in cases.VERIFY_INPUTS]
+torch.ops.dflash.dflash_verify(*args)
+torch.ops.dflash.dflash_verify_argmax(*args[:3])
 s = {k: v.cuda() for k, v in cases.sample_case(g, vocab, 16, dtype).items()}
 torch.ops.dflash.sample_rows(**s)
 torch.cuda.synchronize()
