@@ -17,22 +17,40 @@
 // Module shares its memory arenas across methods (the KV caches live there) and so a
 // method's outputs alias memory the next call reuses.
 //
+// CUDA programs (model.pte + aoti_cuda_blob.ptd, a runner built with -DDFLASH_RUNNER_CUDA=ON):
+// the same loop. The methods are loaded into one share_constants_group of the CUDA backend
+// (our patch of ExecuTorch 1.2.0), so the KV and drafter caches, constants of each method's
+// AOTInductor library, are one set of GPU tensors; the methods run on one CUDA stream; the
+// outputs of target_prefill and target_verify stay on the GPU: `hidden` goes from there into
+// the next method as is (no copy), and only the ids and counts are copied to the host.
+//
 // Exit codes: 0 done; 1 the program failed at run time (a method returned an error or
 // broke the contract); 2 bad input (usage, a missing or foreign program file, a
 // program this runner does not understand, owners the program cannot serve).
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
+#include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/platform/platform.h>
+#ifdef DFLASH_RUNNER_CUDA
+#include <cuda_runtime.h>
+#include <executorch/runtime/backend/backend_options_map.h>
+#include <executorch/runtime/backend/options.h>
+#endif
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -93,12 +111,16 @@ std::string join(const std::vector<int64_t>& values, const char* sep = " ") {
 // ---------------------------------------------------------------------------------
 // Command line
 
-const char* kUsage = R"(usage: dflash_runner --program MODEL.pte --owner SPEC [--owner SPEC ...] [--target-only] [--drafts]
+const char* kUsage = R"(usage: dflash_runner --program MODEL.pte [--data BLOB.ptd] --owner SPEC [--owner SPEC ...]
+                     [--target-only] [--drafts] [--timing]
 
 Drives a dflash-et DFlash program (contract_version 1, docs/CONTRACT.md) through the
 ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
 
-  --program PATH   the model.pte of `dflash-et export` (program: dflash, a CPU backend)
+  --program PATH   the model.pte of `dflash-et export` (program: dflash)
+  --data PATH      a CUDA program's aoti_cuda_blob.ptd (compiled code and weights), written beside
+                   its model.pte; checked against that export's manifest.json. CUDA programs need
+                   a runner built with -DDFLASH_RUNNER_CUDA=ON (scripts/build-cuda-runner.sh)
   --owner SPEC     one owner (request); give it once per owner, up to the program's max_owners.
                    SPEC is key=value fields separated by ':'
                      prompt=1,2,3      prompt token ids, comma-separated (required)
@@ -113,6 +135,10 @@ ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
   --target-only    verify the pending token alone (plain decoding, no drafts): the tokens
                    must be the same as the speculative loop's
   --drafts         also print every step's draft_forward drafts
+  --timing         also print per-method call times (median, mean) and committed tokens per second
+  --no-shared-state  CUDA build, diagnostic only: load the methods without sharing their state, so
+                   target_verify does not see the caches target_prefill wrote (the tokens are then
+                   wrong; the GPU test uses this to show that the sharing is what makes them right)
   -h, --help       this text
 
 Output (stdout), one record a line:
@@ -123,6 +149,8 @@ Output (stdout), one record a line:
   owner <i> tokens: <committed token ids>
   owner <i> stats: verifies <v> committed <c> mean_acceptance <c/v>
   total: steps <s> verifies <v> committed <c> mean_acceptance <m> tokens_per_step <t>
+  timing <method> calls <n> median_us <m> mean_us <a>   (--timing; 'step' is draft + verify + commit)
+  timing loop seconds <s> committed <c> tokens_per_second <r>   (--timing; prefill included)
 (<i> counts the --owner options from 0; committed = tokens committed by target_verify,
 the sum of accepted+1; the first token, from target_prefill, is not in it.)
 
@@ -143,9 +171,12 @@ struct OwnerOptions {
 
 struct Options {
   std::string program;
+  std::string data;  // the .ptd of a CUDA program
   std::vector<OwnerOptions> owners;
   bool target_only = false;
   bool drafts = false;
+  bool timing = false;
+  bool shared_state = true;
 };
 
 int64_t parse_int(const std::string& text, const std::string& what) {
@@ -243,6 +274,12 @@ bool parse_args(int argc, char** argv, Options& options) {
       options.target_only = true;
     } else if (arg == "--drafts") {
       options.drafts = true;
+    } else if (arg == "--timing") {
+      options.timing = true;
+    } else if (arg == "--no-shared-state") {
+      options.shared_state = false;
+    } else if (arg == "--data" || arg.rfind("--data=", 0) == 0) {
+      options.data = value("--data");
     } else if (arg == "--program" || arg.rfind("--program=", 0) == 0) {
       options.program = value("--program");
     } else if (arg == "--owner" || arg.rfind("--owner=", 0) == 0) {
@@ -257,6 +294,120 @@ bool parse_args(int argc, char** argv, Options& options) {
 }
 
 // ---------------------------------------------------------------------------------
+// Files: a CUDA program's .ptd must be the one exported with its .pte. manifest.json,
+// written beside both by `dflash-et export`, records every file's size and SHA-256.
+
+void require_file(const std::string& path, const std::string& fix) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) bad_input(path + ": no such file (" + fix + ")");
+  if (!std::filesystem::is_regular_file(path, ec)) bad_input(path + " is not a file (" + fix + ")");
+}
+
+// FIPS 180-4 SHA-256 of a file, as lowercase hex.
+std::string sha256_file(const std::string& path) {
+  static constexpr uint32_t k[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+      0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+      0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+      0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+      0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
+  auto block = [&](const uint8_t* p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i) w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; ++i) {
+      uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int i = 0; i < 64; ++i) {
+      uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad_input(path + ": cannot be read");
+  std::vector<uint8_t> buffer(1 << 20);
+  uint64_t total = 0;
+  size_t n = 0;
+  while (in.read(reinterpret_cast<char*>(buffer.data()), buffer.size()), (n = static_cast<size_t>(in.gcount())) > 0) {
+    total += n;
+    size_t whole = n / 64 * 64;
+    for (size_t i = 0; i < whole; i += 64) block(buffer.data() + i);
+    if (whole != n) {  // only the file's last read is not a multiple of 64 bytes
+      std::memmove(buffer.data(), buffer.data() + whole, n - whole);
+      n -= whole;
+      break;
+    }
+    n = 0;
+  }
+  std::array<uint8_t, 128> tail{};
+  std::memcpy(tail.data(), buffer.data(), n);
+  tail[n] = 0x80;
+  const size_t len = n + 1 + 8 <= 64 ? 64 : 128;
+  for (int i = 0; i < 8; ++i) tail[len - 1 - i] = static_cast<uint8_t>((total * 8) >> (8 * i));
+  for (size_t i = 0; i < len; i += 64) block(tail.data() + i);
+  char hex[65];
+  for (int i = 0; i < 8; ++i) std::snprintf(hex + 8 * i, 9, "%08x", h[i]);
+  return hex;
+}
+
+struct FileRecord {
+  bool found = false;
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+// manifest.json's "files" entry of `name` (json.dumps(indent=2, sort_keys=True) of artifact.py).
+FileRecord manifest_file(const std::string& manifest, const std::string& name) {
+  FileRecord r;
+  const size_t files = manifest.find("\"files\": {");
+  const size_t at = files == std::string::npos ? files : manifest.find("\"" + name + "\": {", files);
+  if (at == std::string::npos) return r;
+  const std::string entry = manifest.substr(at, manifest.find('}', at) - at);
+  const size_t bytes = entry.find("\"bytes\": "), sha = entry.find("\"sha256\": \"");
+  if (bytes == std::string::npos || sha == std::string::npos) return r;
+  r.bytes = std::strtoull(entry.c_str() + bytes + 9, nullptr, 10);
+  r.sha256 = entry.substr(sha + 11, 64);
+  r.found = true;
+  return r;
+}
+
+// `data` is the .ptd exported with `pte`: the manifest beside the .pte lists both, with the
+// sizes and SHA-256 of these very files. (A .ptd of another export holds another method
+// library and weights: run, it would read inputs with the wrong shapes.)
+void check_data_belongs(const std::string& pte, const std::string& data) {
+  const std::filesystem::path manifest = std::filesystem::path(pte).parent_path() / "manifest.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(manifest, ec)) {
+    bad_input("no manifest.json beside " + pte + ": cannot check that " + data +
+              " was exported with it (keep the files `dflash-et export` wrote together)");
+  }
+  std::ifstream in(manifest);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const FileRecord want_pte = manifest_file(text, "model.pte"), want_ptd = manifest_file(text, "aoti_cuda_blob.ptd");
+  if (!want_ptd.found) bad_input(manifest.string() + " lists no aoti_cuda_blob.ptd: not a CUDA export of dflash-et");
+  if (!want_pte.found || std::filesystem::file_size(pte) != want_pte.bytes || sha256_file(pte) != want_pte.sha256) {
+    bad_input(manifest.string() + " is not the manifest of " + pte +
+              " (it lists another model.pte): keep the files of one export together");
+  }
+  const uint64_t size = std::filesystem::file_size(data);
+  if (size != want_ptd.bytes || sha256_file(data) != want_ptd.sha256) {
+    bad_input(data + " is not the .ptd exported with " + pte + " (" + manifest.string() + " lists " +
+              std::to_string(want_ptd.bytes) + " bytes, sha256 " + want_ptd.sha256.substr(0, 16) + "...; this file has " +
+              std::to_string(size) + " bytes" + (size == want_ptd.bytes ? ", another sha256" : "") +
+              "): give --data the aoti_cuda_blob.ptd of the same export");
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // The program: constants, the contract check, method calls
 
 ScalarType dtype_of(const std::string& model_dtype) {
@@ -267,40 +418,37 @@ ScalarType dtype_of(const std::string& model_dtype) {
 
 class DFlashProgram {
  public:
-  explicit DFlashProgram(const std::string& path) : path_(path) {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) {
-      bad_input(path + ": no such file (give --program the model.pte written by `dflash-et export`)");
-    }
-    if (!std::filesystem::is_regular_file(path, ec)) bad_input(path + " is not a file (give --program a model.pte)");
-    // share_memory_arenas: every method gets the same mem_id 1 (activations) and mem_id 2
-    // (the mutable buffers: KV and drafter caches, placed once by name), so a cache written by
-    // target_prefill is the one target_verify reads. The arenas start zero-filled.
-    module_ = std::make_unique<Module>(path, Module::LoadMode::Mmap, /*event_tracer=*/nullptr,
-                                       /*memory_allocator=*/nullptr, /*temp_allocator=*/nullptr,
-                                       /*share_memory_arenas=*/true);
-    // InternalConsistency: verify the whole flatbuffer, so a damaged file is refused here
-    // rather than read out of bounds later.
-    Error e = module_->load(executorch::runtime::Program::Verification::InternalConsistency);
-    if (e != Error::Ok) bad_input(path + " is not an ExecuTorch program this runtime can load (" + error_name(e) + ")");
-    auto names = module_->method_names();
-    if (!names.ok()) bad_input(path + ": cannot list its methods (" + error_name(names.error()) + ")");
-    names_ = *names;
+  DFlashProgram(const std::string& path, const std::string& data, bool timing, bool shared_state)
+      : path_(path), timing_(timing) {
+    require_file(path, "give --program the model.pte written by `dflash-et export`");
+    if (!data.empty()) require_file(data, "give --data the aoti_cuda_blob.ptd written beside the model.pte");
+    // The program alone first: its constants and backend say whether the .ptd belongs to it.
+    load_module("");
     check_contract();
+    check_backend(data, shared_state);
+    if (cuda_) load_module(data);  // the methods' code and weights are in the .ptd
     check_methods();
   }
 
   const std::string& path() const { return path_; }
   bool sampling() const { return variant == "sampling"; }
+  bool cuda() const { return cuda_; }
+  bool timing() const { return timing_; }
 
   // Runs `method`; every input is a runner-owned tensor. The returned EValues alias the
-  // shared arenas: read or copy them before the next call.
+  // shared arenas (or, for a CUDA program, the backend's GPU buffers of the method's last
+  // call): read or copy them before the method runs again.
   std::vector<EValue> call(const std::string& method, const std::vector<TensorPtr>& inputs, size_t num_outputs) {
     std::vector<EValue> args;
     args.reserve(inputs.size());
     for (const TensorPtr& t : inputs) args.emplace_back(*t);
+    const auto start = std::chrono::steady_clock::now();
     auto out = module_->execute(method, args);
     if (!out.ok()) failed(method + " failed (" + error_name(out.error()) + ")");
+    if (timing_) {
+      synchronize();  // the GPU work, not just its launch
+      times[method].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+    }
     if (out->size() != num_outputs) {
       failed(method + " returned " + std::to_string(out->size()) + " outputs, expected " + std::to_string(num_outputs));
     }
@@ -314,6 +462,14 @@ class DFlashProgram {
   std::vector<int64_t> target_layer_ids;
   int64_t block_size = 0, mask_token_id = 0, max_rows = 0, max_owners = 0, max_seq_len = 0;
   ScalarType hidden_dtype = ScalarType::Undefined;
+  // --timing: microseconds of every call, per method (and "step", filled by the loop).
+  std::map<std::string, std::vector<double>> times;
+
+  void synchronize() const {
+#ifdef DFLASH_RUNNER_CUDA
+    if (cuda_ && cudaDeviceSynchronize() != cudaSuccess) failed("the GPU failed while running a method");
+#endif
+  }
 
  private:
   EValue constant(const std::string& name) {
@@ -389,6 +545,79 @@ class DFlashProgram {
     }
   }
 
+  void load_module(const std::string& data) {
+    // share_memory_arenas: every method gets the same mem_id 1 (activations) and mem_id 2
+    // (the mutable buffers: KV and drafter caches, placed once by name), so a cache written by
+    // target_prefill is the one target_verify reads. The arenas start zero-filled.
+    if (data.empty()) {
+      module_ = std::make_unique<Module>(path_, Module::LoadMode::Mmap, /*event_tracer=*/nullptr,
+                                         /*memory_allocator=*/nullptr, /*temp_allocator=*/nullptr,
+                                         /*share_memory_arenas=*/true);
+    } else {
+      module_ = std::make_unique<Module>(path_, data, Module::LoadMode::Mmap, /*event_tracer=*/nullptr,
+                                         /*memory_allocator=*/nullptr, /*temp_allocator=*/nullptr,
+                                         /*share_memory_arenas=*/true);
+    }
+    // InternalConsistency: verify the whole flatbuffer, so a damaged file is refused here
+    // rather than read out of bounds later.
+    Error e = module_->load(executorch::runtime::Program::Verification::InternalConsistency);
+    if (e != Error::Ok) {
+      bad_input(path_ + (data.empty() ? "" : " with " + data) +
+                " is not an ExecuTorch program this runtime can load (" + error_name(e) + ")");
+    }
+    auto names = module_->method_names();
+    if (!names.ok()) bad_input(path_ + ": cannot list its methods (" + error_name(names.error()) + ")");
+    names_ = *names;
+  }
+
+  // CPU or CUDA program (its methods are CudaBackend delegates), with the right files and a
+  // runner that can run it; a CUDA program's backend is set up before any method loads.
+  void check_backend(const std::string& data, bool shared_state) {
+    for (const char* name : {"target_prefill", "target_verify"}) {
+      if (!names_.count(name)) continue;  // check_methods says so
+      auto meta = module_->method_meta(name);
+      cuda_ = cuda_ || (meta.ok() && meta->uses_backend("CudaBackend"));
+    }
+    if (cuda_ && executorch::runtime::get_backend_class("CudaBackend") == nullptr) {
+      bad_input(path_ + " is a CUDA program (its methods are CudaBackend delegates), and this runner was built " +
+                "without ExecuTorch's CUDA backend: build it with scripts/build-cuda-runner.sh");
+    }
+    if (cuda_ && data.empty()) {
+      bad_input(path_ + " is a CUDA program: give --data with the aoti_cuda_blob.ptd that `dflash-et export` " +
+                "wrote beside it (its compiled methods and weights)");
+    }
+    if (!cuda_ && !data.empty()) {
+      bad_input(path_ + " is a CPU program (no CudaBackend delegate) and has no .ptd: run it without --data " + data);
+    }
+    if (!cuda_) {
+      if (!shared_state) bad_input("--no-shared-state is for CUDA programs");
+      return;
+    }
+    check_data_belongs(path_, data);
+#ifdef DFLASH_RUNNER_CUDA
+    // One stream for every method (each waits for the state the previous one wrote), and the
+    // outputs of the methods that return `hidden` left on the GPU (we copy their ids out).
+    executorch::runtime::BackendOptions<2> global;
+    global.set_option("use_shared_cuda_stream", true);
+    global.set_option("skip_copy_output_to_cpu_for_method", "target_prefill,target_verify");
+    Error e = executorch::runtime::set_option("CudaBackend", global.view());
+    if (e != Error::Ok) failed("setting the CUDA backend's options failed (" + error_name(e) + ")");
+    if (shared_state) {  // a group of this program alone: another program's constants never mix in
+      char group[64];
+      std::snprintf(group, sizeof group, "dflash_runner:%p", static_cast<void*>(this));
+      share_group_.set_option("share_constants_group", group);
+      load_options_.set_options("CudaBackend", share_group_.view());
+    }
+#endif
+  }
+
+  Error load_method(const std::string& name) {
+#ifdef DFLASH_RUNNER_CUDA
+    if (cuda_) return module_->load_method(name, nullptr, nullptr, &load_options_);
+#endif
+    return module_->load_method(name);
+  }
+
   // The four model methods with the inputs / outputs of the contract, loaded (a kernel
   // this runtime did not register shows here).
   void check_methods() {
@@ -425,7 +654,7 @@ class DFlashProgram {
                   std::to_string(s.inputs.size()) + " inputs / " + std::to_string(s.outputs.size()) +
                   " outputs of contract_version " + std::to_string(kContractVersion) + " (docs/CONTRACT.md)");
       }
-      Error e = module_->load_method(name);
+      Error e = load_method(name);
       if (e != Error::Ok) {
         failed("loading method '" + name + "' of " + path_ + " failed (" + error_name(e) + ")" +
                (e == Error::OperatorMissing ? ": a kernel it needs is not registered; link executorch::kernels_optimized"
@@ -435,12 +664,45 @@ class DFlashProgram {
   }
 
   std::string path_;
+  bool timing_ = false;
+  bool cuda_ = false;
   std::unique_ptr<Module> module_;  // Module can be neither copied nor moved
   std::unordered_set<std::string> names_;
+#ifdef DFLASH_RUNNER_CUDA
+  // Must outlive the loaded methods (LoadBackendOptionsMap keeps a view of the options).
+  executorch::runtime::BackendOptions<1> share_group_;
+  executorch::runtime::LoadBackendOptionsMap load_options_;
+#endif
 };
 
 // ---------------------------------------------------------------------------------
-// Tensors in and out: only int64 ids and counts are read; hidden is copied as bytes
+// Tensors in and out: only int64 ids and counts are read; hidden is copied as bytes (CPU)
+// or handed on where it lies (CUDA)
+
+bool on_gpu(const void* data) {
+#ifdef DFLASH_RUNNER_CUDA
+  cudaPointerAttributes attributes{};
+  if (data != nullptr && cudaPointerGetAttributes(&attributes, data) == cudaSuccess) {
+    return attributes.type == cudaMemoryTypeDevice;
+  }
+  cudaGetLastError();  // a host pointer may leave "invalid value" behind: clear it
+#else
+  (void)data;
+#endif
+  return false;
+}
+
+void copy_to_host(void* dst, const void* src, size_t nbytes) {
+#ifdef DFLASH_RUNNER_CUDA
+  if (on_gpu(src)) {
+    // The legacy default stream waits for the backend's (blocking) stream: the method is done.
+    cudaError_t e = cudaMemcpy(dst, src, nbytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) failed(std::string("copying an output from the GPU failed: ") + cudaGetErrorString(e));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, nbytes);
+}
 
 TensorPtr longs(std::vector<int64_t> values) {
   const auto n = static_cast<SizesType>(values.size());
@@ -465,12 +727,16 @@ std::vector<int64_t> read_ints(const EValue& v, const std::string& what, size_t 
       static_cast<size_t>(v.toTensor().numel()) != numel) {
     failed(what + " is not an int64 tensor of " + std::to_string(numel) + " elements");
   }
-  const int64_t* p = v.toTensor().const_data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + numel);
+  std::vector<int64_t> out(numel);
+  copy_to_host(out.data(), v.toTensor().const_data_ptr(), numel * sizeof(int64_t));
+  return out;
 }
 
-// A hidden output [rows, F] copied, byte for byte, into a runner-owned tensor.
-TensorPtr copy_hidden(const DFlashProgram& program, const EValue& v, const std::string& what, int64_t rows) {
+// A hidden output [rows, F] for the next method: copied, byte for byte, into a runner-owned
+// tensor; or, on the GPU, a view of the backend's output buffer, which stays valid until the
+// method that wrote it runs again (target_verify's hidden feeds the next draft_forward,
+// target_prefill's the draft_prefill right after it).
+TensorPtr keep_hidden(const DFlashProgram& program, const EValue& v, const std::string& what, int64_t rows) {
   if (!v.isTensor()) failed(what + " is not a tensor");
   const Tensor& t = v.toTensor();
   if (t.scalar_type() != program.hidden_dtype || t.dim() != 2 || t.size(0) != rows ||
@@ -478,10 +744,11 @@ TensorPtr copy_hidden(const DFlashProgram& program, const EValue& v, const std::
     failed(what + " is not a [" + std::to_string(rows) + ", " + std::to_string(program.hidden_width) + "] " +
            program.model_dtype + " tensor");
   }
+  const std::vector<SizesType> sizes = {static_cast<SizesType>(rows), static_cast<SizesType>(program.hidden_width)};
+  if (on_gpu(t.const_data_ptr())) return make_tensor_ptr(sizes, t.mutable_data_ptr(), program.hidden_dtype);
   const auto* p = t.const_data_ptr<uint8_t>();
   std::vector<uint8_t> bytes(p, p + t.nbytes());
-  return make_tensor_ptr({static_cast<SizesType>(rows), static_cast<SizesType>(program.hidden_width)}, std::move(bytes),
-                         program.hidden_dtype);
+  return make_tensor_ptr(sizes, std::move(bytes), program.hidden_dtype);
 }
 
 TensorPtr zero_hidden(const DFlashProgram& program) {  // [1, F]: no target_verify yet
@@ -594,7 +861,7 @@ void prefill(DFlashProgram& p, const std::vector<Owner*>& joiners, bool speculat
     for (TensorPtr& t : sampling_inputs(p, owners)) inputs.push_back(std::move(t));
     auto out = p.call("target_prefill", inputs, 2);
     const std::vector<int64_t> first = read_ints(out[0], "target_prefill first_token", batch.size());
-    const TensorPtr hidden = copy_hidden(p, out[1], "target_prefill hidden", rows);
+    const TensorPtr hidden = keep_hidden(p, out[1], "target_prefill hidden", rows);
     if (speculative) {
       auto stored_out = p.call("draft_prefill", {hidden, offsets, start_position, slot_ids}, 1);
       const std::vector<int64_t> stored = read_ints(stored_out[0], "draft_prefill stored", batch.size());
@@ -687,7 +954,7 @@ std::vector<int64_t> verify_and_commit(DFlashProgram& p, const std::vector<Owner
   auto out = p.call("target_verify", inputs, 3);
   const std::vector<int64_t> accepted = read_ints(out[0], "target_verify accepted", active.size());
   const std::vector<int64_t> next_token = read_ints(out[1], "target_verify next_token", active.size());
-  hidden = copy_hidden(p, out[2], "target_verify hidden", static_cast<int64_t>(tokens.size()));
+  hidden = keep_hidden(p, out[2], "target_verify hidden", static_cast<int64_t>(tokens.size()));
   std::vector<int64_t> lengths;
   int64_t offset = 0;
   for (size_t i = 0; i < active.size(); ++i) {
@@ -732,6 +999,7 @@ std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool sp
       steps.push_back(Step{});
       continue;
     }
+    const auto step_start = std::chrono::steady_clock::now();
     std::vector<std::vector<int64_t>> drafts =
         speculative ? draft(p, active, hidden) : std::vector<std::vector<int64_t>>(active.size());
     const std::vector<int64_t> n = rows_per_owner(p, active, speculative);
@@ -745,6 +1013,10 @@ std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool sp
     Step s;
     s.owners = active.size();
     s.acceptance = verify_and_commit(p, active, rows, hidden);
+    if (p.timing()) {
+      p.times["step"].push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start).count());
+    }
     s.tokens = std::accumulate(s.acceptance.begin(), s.acceptance.end(), int64_t{0});
     s.drafts = std::move(drafts);
     steps.push_back(std::move(s));
@@ -807,21 +1079,41 @@ void report(const DFlashProgram& p, const std::vector<Owner>& owners, const std:
               busy ? static_cast<double>(committed) / busy : 0.0);
 }
 
+// --timing: per method (and per step), the median and mean of its calls; then the whole
+// loop's committed tokens per second (every owner's tokens, the first ones included).
+void report_timing(const DFlashProgram& p, const std::vector<Owner>& owners, double seconds) {
+  for (const auto& [name, us] : p.times) {
+    std::vector<double> sorted = us;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    std::printf("timing %s calls %zu median_us %.1f mean_us %.1f\n", name.c_str(), n, median,
+                std::accumulate(sorted.begin(), sorted.end(), 0.0) / n);
+  }
+  size_t committed = 0;
+  for (const Owner& o : owners) committed += o.generated.size();
+  std::printf("timing loop seconds %.4f committed %zu tokens_per_second %.1f\n", seconds, committed,
+              seconds > 0 ? committed / seconds : 0.0);
+}
+
 int run(int argc, char** argv) {
   Options options;
   if (!parse_args(argc, argv, options)) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  DFlashProgram program(options.program);
+  DFlashProgram program(options.program, options.data, options.timing, options.shared_state);
   check_owners(program, options.owners);
   std::vector<Owner> owners(options.owners.size());
   for (size_t i = 0; i < owners.size(); ++i) {
     owners[i].index = i;
     owners[i].options = options.owners[i];
   }
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<Step> steps = generate(program, owners, !options.target_only);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report(program, owners, steps, options.drafts);
+  if (options.timing) report_timing(program, owners, seconds);
   return 0;
 }
 
