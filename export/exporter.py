@@ -118,7 +118,7 @@ def export_program(
     programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
     if cfg.backend == "cuda":
         with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
-            files, lowering_report = cuda_lowering.lower(programs, spec, cfg)
+            files, lowering_report = cuda_lowering.lower(programs, spec, cfg, say=progress.say)
         fused = lowering_report["fused_heads"]
         progress.say("fused verify heads: " + ", ".join(
             f"{name} {len(heads)}" + (f" ({', '.join(heads)})" if heads else "") for name, heads in fused.items())

@@ -8,7 +8,10 @@ descriptive in 1.5; 1.5 adds device propagation and different blob keys, both
 handled inside ExecuTorch; the .ptd comes from `write_tensor_data_to_file`).
 """
 
+import contextlib
+import inspect
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -46,14 +49,46 @@ def fuse_heads(programs: dict, modules: dict[str, torch.nn.Module]) -> dict:
     return report
 
 
-def _partitioners(methods: list[str]) -> dict:
+def _partitioners(methods: list[str], cfg) -> dict:
     from executorch.backends.cuda.cuda_backend import CudaBackend
     from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-    return {m: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(m)])] for m in methods}
+    extra = []
+    if cfg.model is not None and cfg.model.dtype == "float32":
+        # ExecuTorch's Triton SDPA (the backend's default for attention) takes bfloat16 only;
+        # off, attention lowers to plain matmul + softmax ops (SDPBackend.MATH).
+        extra.append(CompileSpec("triton_kernel_mode", b"OFF"))
+    return {m: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(m), *extra])] for m in methods}
 
 
-def lower(programs: dict, spec, cfg) -> tuple[dict[str, bytes], dict]:
+@contextlib.contextmanager
+def timed_compiles(say):
+    """While lowering: `say` how long AOTInductor took for each method (the compiles are most
+    of a CUDA export's time)."""
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    own = "preprocess" in vars(CudaBackend)  # else inherited (AotiBackend's)
+    original = inspect.getattr_static(CudaBackend, "preprocess")  # the classmethod object
+
+    def preprocess(cls, edge_program, compile_specs):
+        start = time.perf_counter()
+        result = original.__func__(cls, edge_program, compile_specs)
+        say(f"AOTInductor compiled {cls.method_name_from_compile_specs(compile_specs)} in "
+            f"{time.perf_counter() - start:.1f}s")
+        return result
+
+    CudaBackend.preprocess = classmethod(preprocess)
+    try:
+        yield
+    finally:
+        if own:
+            CudaBackend.preprocess = original
+        else:
+            del CudaBackend.preprocess
+
+
+def lower(programs: dict, spec, cfg, say=lambda text: None) -> tuple[dict[str, bytes], dict]:
     """(files, report) for a CUDA program; `programs` are the traced methods."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
@@ -65,16 +100,16 @@ def lower(programs: dict, spec, cfg) -> tuple[dict[str, bytes], dict]:
         fused = {name: [] for name in programs}
         for program in programs.values():
             boundary.strip(program)  # the plain ATen heads go into the delegate
-    with delegate_outputs_in_order():  # KV-cache writes before user outputs (et_compat.py)
+    with delegate_outputs_in_order(), timed_compiles(say):  # KV-cache writes before user outputs (et_compat.py)
         edge = to_edge_transform_and_lower(
             programs,
-            partitioner=_partitioners(list(programs)),
+            partitioner=_partitioners(list(programs), cfg),
             # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
             # skip the core-ATen check the same way (AOTInductor lowers what it meets).
             compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
             constant_methods=methods.constant_values(spec),
         )
-    program = edge.to_executorch()
+    program = edge.to_executorch(executorch_config())
     files = {artifact.PTE: program.buffer}
     with tempfile.TemporaryDirectory() as tmp:
         program.write_tensor_data_to_file(tmp)
@@ -88,6 +123,17 @@ def lower(programs: dict, spec, cfg) -> tuple[dict[str, bytes], dict]:
         "delegates": delegates(program.buffer),
     }
     return files, report
+
+
+def executorch_config():
+    """Method inputs are not planned into the program's arenas: the runtime hands its own
+    tensors over by pointer instead of a host memcpy. That is what lets a device tensor go
+    in as is (`hidden` from target_verify's GPU output into draft_forward); the CUDA
+    backend copies host inputs to the GPU and takes device inputs where they lie."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False))
 
 
 def delegates(pte: bytes) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from dflash_et.export import artifact, cases, config, heads, methods
+from dflash_et.export import artifact, boundary, cases, config, heads, methods
 from dflash_et.export.exporter import trace
 from dflash_et.lowering.fuse_verify import FuseError, FuseVerifyHeads, head_paths, match
 
@@ -222,9 +222,32 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
               "delegates": {}}
     monkeypatch.setattr(cuda, "require_cuda", lambda: None)
     monkeypatch.setattr(exporter, "trace", lambda spec, progress, device: {})
-    monkeypatch.setattr(cuda, "lower", lambda programs, spec, cfg: ({"model.pte": b"pte", cuda.PTD: b"ptd"}, report))
+    monkeypatch.setattr(cuda, "lower", lambda programs, spec, cfg, say: ({"model.pte": b"pte", cuda.PTD: b"ptd"}, report))
     stream = io.StringIO()
     directory = exporter.export_program(config.load("heads-sampling-cuda"), tmp_path / "x",
                                         progress=artifact.Progress(9, stream=stream))
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
+
+
+def test_cuda_programs_take_their_inputs_by_pointer():
+    """The CUDA lowering's emit settings leave method inputs unplanned: ExecuTorch then hands
+    the caller's tensor over by pointer (a GPU tensor from another method's output stays on
+    the GPU) instead of copying it into a planned host buffer, which the default does."""
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from dflash_et.lowering import cuda
+
+    cfg = config.load("heads-greedy")
+    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
+    (m,) = spec.methods
+    planned = {}
+    for label, emit in (("default", None), ("cuda", cuda.executorch_config())):
+        program = trace(spec, _quiet())[m.name]  # to_executorch changes what it is given: one each
+        boundary.strip(program)
+        pte = to_edge_transform_and_lower({m.name: program}).to_executorch(emit).buffer
+        meta = Runtime.get().load_program(pte).metadata(m.name)
+        planned[label] = [meta.input_tensor_meta(i).is_memory_planned() for i in range(meta.num_inputs())]
+    assert planned["default"] == [True] * len(m.inputs)
+    assert planned["cuda"] == [False] * len(m.inputs)
