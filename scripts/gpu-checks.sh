@@ -8,6 +8,11 @@
 #   scripts/gpu-checks.sh dflash    CUDA exports of the tiny DFlash configs, their rewritten graphs
 #                                   in the driver's loop against the ATen heads and the CPU program
 #   scripts/gpu-checks.sh smoke     the Qwen3-sized CUDA export + one verify step, fused vs ATen head
+#   scripts/gpu-checks.sh runtime   builds the CUDA C++ runner (scripts/build-cuda-runner.sh; ExecuTorch
+#                                   v1.2.0 sources in $ET_SRC, default .et-src) and runs CUDA exports in
+#                                   it against the CPU reference (tests/test_cuda_runner_gpu.py)
+#   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda) timed in the
+#                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 # That machine has no network: ExecuTorch 1.2.0 comes as wheels in .whl/ (../shared/tools/device-wheels.sh).
 set -uo pipefail
@@ -79,8 +84,23 @@ dflash)
 smoke)
   timeout 560 python3 benchmarks/bench_dflash_step.py --output-dir /tmp/smoke --out "$OUT/SMOKE.md" 2>&1 | tail -30
   ;;
+runtime)
+  start=$(date +%s)
+  runner=$(scripts/build-cuda-runner.sh "${ET_SRC:-.et-src}" /tmp/cuda-runner 2>"$OUT/runtime-build.log") \
+    || { tail -40 "$OUT/runtime-build.log"; exit 1; }
+  echo "CUDA runner built in $(( $(date +%s) - start )) s: $runner"
+  DFLASH_CUDA_RUNNER=$runner DFLASH_TIMING_OUT="$OUT/runtime-timing.yaml" DFLASH_LOG_DIR="$OUT" \
+    timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
+    | tee "$OUT/runtime.log" | grep -E "^export|^float32|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
+  ;;
+runner-bench)
+  runner=$(scripts/build-cuda-runner.sh "${ET_SRC:-.et-src}" /tmp/cuda-runner 2>"$OUT/runtime-build.log") \
+    || { tail -40 "$OUT/runtime-build.log"; exit 1; }
+  timeout "${RUNTIME_TIMEOUT:-560}" python3 benchmarks/bench_cuda_runner.py --runner "$runner" \
+    --output-dir /tmp/runner-bench --out "$OUT/RUNNER.md" "${@:2}" 2>&1 | tail -30
+  ;;
 bench)
   timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|bench [bench options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|bench [options]" >&2; exit 2 ;;
 esac

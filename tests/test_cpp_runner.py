@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import runner_cli
 import yaml
 
 from dflash_et.export import config, driver, methods
@@ -107,45 +108,14 @@ def programs(setup):
     return {v: driver.Program.load(methods.build(config.load(f"tiny-dflash-{v}")), setup[v]) for v in VARIANTS}
 
 
-def _spec(o: driver.Owner) -> str:
-    """An Owner as the runner's --owner value (repr keeps every float exact)."""
-    fields = [f"prompt={','.join(map(str, o.prompt))}", f"max_new={o.max_new}", f"temperature={o.temperature!r}",
-              f"top_k={o.top_k}", f"top_p={o.top_p!r}", f"seed={o.seed}", f"join={o.join}"]
-    if o.leave is not None:
-        fields.append(f"leave={o.leave}")
-    return ":".join(fields)
-
-
 def _run(runner: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(runner), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 def _run_owners(setup, variant: str, owners: list[driver.Owner], *extra: str) -> dict:
-    args = ["--program", setup[variant] / "model.pte", *extra]
-    for o in owners:
-        args += ["--owner", _spec(o)]
-    done = _run(setup["runner"], *args)
+    done = _run(setup["runner"], "--program", setup[variant] / "model.pte", *extra, *runner_cli.owner_args(owners))
     assert done.returncode == 0, f"runner failed ({done.returncode}):\n{done.stderr}"
-    return _parse(done.stdout)
-
-
-def _parse(stdout: str) -> dict:
-    """The runner's records: tokens and stats per owner, acceptance per step, the totals."""
-    out = {"tokens": {}, "stats": {}, "steps": [], "drafts": [], "total": None}
-    for line in stdout.splitlines():
-        words = line.split()
-        if line.startswith("owner ") and words[2] == "tokens:":
-            out["tokens"][int(words[1])] = [int(t) for t in words[3:]]
-        elif line.startswith("owner ") and words[2] == "stats:":
-            out["stats"][int(words[1])] = dict(zip(words[3::2], map(float, words[4::2])))
-        elif line.startswith("step ") and words[2] == "drafts":  # steps with owners only
-            out["drafts"].append([[] if d == "-" else [int(t) for t in d.split(",")] for d in words[3:]])
-        elif line.startswith("step "):
-            acceptance = line.split(" acceptance ")[1].split()
-            out["steps"].append([int(a) for a in acceptance if a != "-"])
-        elif line.startswith("total: "):
-            out["total"] = dict(zip(words[1::2], map(float, words[2::2])))
-    return out
+    return runner_cli.parse(done.stdout)
 
 
 def _mixed(program: driver.Program) -> list[driver.Owner]:
@@ -242,6 +212,14 @@ BAD_INPUTS = {
     "bad number": (lambda d: ["--program", d["greedy"] / "model.pte", *_owner_args("prompt=1,x:max_new=2")],
                    "prompt token must be an integer (int64), got 'x'"),
     "no owners": (lambda d: ["--program", d["greedy"] / "model.pte"], "give at least one --owner"),
+    "--data for a CPU program": (lambda d: ["--program", d["greedy"] / "model.pte", "--data", d["greedy"] / "config.yaml",
+                                            *_owner_args("prompt=1:max_new=2")],
+                                 "is a CPU program (no CudaBackend delegate) and has no .ptd: run it without --data"),
+    "missing .ptd": (lambda d: ["--program", d["greedy"] / "model.pte", "--data", d["greedy"] / "nope.ptd",
+                                *_owner_args("prompt=1:max_new=2")], "nope.ptd: no such file"),
+    "--no-shared-state for a CPU program": (
+        lambda d: ["--program", d["greedy"] / "model.pte", "--no-shared-state", *_owner_args("prompt=1:max_new=2")],
+        "--no-shared-state is for CUDA programs"),
     "unknown flag": (lambda d: ["--steps", "3"], "unknown argument '--steps'"),
 }
 
@@ -253,6 +231,23 @@ def test_bad_input_is_refused_with_a_message(setup, case):
     assert done.returncode == EXIT_BAD_INPUT, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert message in done.stderr
     assert "tokens:" not in done.stdout
+
+
+@pytest.mark.parametrize("case", ["no CUDA toolkit", "no ExecuTorch source"])
+def test_the_cuda_build_fails_clearly_without_what_it_needs(tmp_path, case):
+    """-DDFLASH_RUNNER_CUDA=ON on a machine without the CUDA toolkit, or without an ExecuTorch
+    v1.2.0 source tree, stops at configure time with the missing piece and the fix."""
+    args = ["cmake", "-S", str(SOURCE), "-B", str(tmp_path / "b"), "-DDFLASH_RUNNER_CUDA=ON"]
+    if case == "no CUDA toolkit":
+        args += ["-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON"]
+        message = "DFLASH_RUNNER_CUDA=ON needs the CUDA toolkit"
+    else:
+        message = "is not an ExecuTorch source tree"
+    done = subprocess.run(args + [f"-DEXECUTORCH_SOURCE={tmp_path / 'nowhere'}"], capture_output=True, text=True)
+    assert done.returncode != 0
+    if case == "no ExecuTorch source" and "needs the CUDA toolkit" in done.stderr:
+        pytest.skip("this machine has no CUDA toolkit: the source check is not reached")
+    assert message in " ".join(done.stderr.split()), done.stderr
 
 
 def test_help_documents_the_owner_syntax(setup):

@@ -1,0 +1,80 @@
+"""A CUDA DFlash program in the C++ runner (GPU; not a test): export time, then the
+runner's own per-method times (--timing: median of every call, the GPU work included)
+for `owners` owners, speculative and target-only, and the loop's tokens per second.
+
+    python benchmarks/bench_cuda_runner.py --runner RUNNER --config qwen3-smoke-sampling-cuda \
+        --output-dir /tmp/q --out q.md
+
+The drafts of the presets' random drafters are never accepted, so the speculative loop
+commits one token per verify; a step costs the same whatever is accepted (the verify rows
+are fixed by the block), so with drafts that are always right it would commit block_size
+tokens per step: the table gives that figure as step time / block_size.
+"""
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import runner_cli  # noqa: E402
+
+from dflash_et.export import config, driver, exporter, methods  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runner", required=True, help="the CUDA dflash_runner (scripts/build-cuda-runner.sh)")
+    ap.add_argument("--config", default="qwen3-smoke-sampling-cuda")
+    ap.add_argument("--output-dir", required=True, help="export here (kept if it already holds this config)")
+    ap.add_argument("--owners", type=int, default=0, help="default: the program's max_owners")
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per owner")
+    ap.add_argument("--new", type=int, default=48, help="tokens to generate per owner")
+    ap.add_argument("--out", help="also write the table here")
+    args = ap.parse_args(argv)
+
+    cfg = config.load(args.config)
+    out = Path(args.output_dir)
+    start = time.perf_counter()
+    exporter.export_program(cfg, out, force=True)
+    export_s = time.perf_counter() - start
+    spec = methods.build(cfg)
+    c = spec.constants
+    n = args.owners or c["max_owners"]
+    g = torch.Generator().manual_seed(0)
+    sampling = c["variant"] == "sampling"
+    owners = [driver.Owner(f"owner{i}", torch.randint(0, c["vocab_size"], (args.prompt,), generator=g).tolist(),
+                           args.new, temperature=0.8 if sampling and i % 2 else 0.0, top_k=40 if i % 4 == 1 else 0,
+                           top_p=0.95 if i % 4 == 3 else 1.0, seed=i) for i in range(n)]
+    lines = [f"# {args.config} in the C++ CUDA runner",
+             f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
+             f"export {export_s:.0f} s, {n} owners x prompt {args.prompt} + {args.new} new tokens "
+             f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
+             "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
+             "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
+    for mode, flags in (("speculative", []), ("target-only", ["--target-only"])):
+        done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
+                               "--timing", *flags, *runner_cli.owner_args(owners)], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+            return 1
+        got = runner_cli.parse(done.stdout)
+        t = {m: v["median_us"] for m, v in got["timing"].items()}
+        right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
+        lines.append(f"| {mode} | {t.get('draft_forward', 0):.0f} | {t['target_verify']:.0f} | {t['step']:.0f} | "
+                     f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The C++ runner's command line and output, for the tests that drive it
+(test_cpp_runner.py on the CPU, test_cuda_runner_gpu.py on a GPU)."""
+
+from dflash_et.export import driver
+
+
+def owner_spec(o: driver.Owner) -> str:
+    """An Owner as the runner's --owner value (repr keeps every float exact)."""
+    fields = [f"prompt={','.join(map(str, o.prompt))}", f"max_new={o.max_new}", f"temperature={o.temperature!r}",
+              f"top_k={o.top_k}", f"top_p={o.top_p!r}", f"seed={o.seed}", f"join={o.join}"]
+    if o.leave is not None:
+        fields.append(f"leave={o.leave}")
+    return ":".join(fields)
+
+
+def owner_args(owners: list[driver.Owner]) -> list[str]:
+    return [a for o in owners for a in ("--owner", owner_spec(o))]
+
+
+def parse(stdout: str) -> dict:
+    """The runner's records: tokens and stats per owner, acceptance per step, the totals,
+    and (--timing) the per-method times and the loop's throughput."""
+    out = {"tokens": {}, "stats": {}, "steps": [], "drafts": [], "total": None, "timing": {}, "loop": None}
+    for line in stdout.splitlines():
+        words = line.split()
+        if line.startswith("owner ") and words[2] == "tokens:":
+            out["tokens"][int(words[1])] = [int(t) for t in words[3:]]
+        elif line.startswith("owner ") and words[2] == "stats:":
+            out["stats"][int(words[1])] = dict(zip(words[3::2], map(float, words[4::2])))
+        elif line.startswith("step ") and words[2] == "drafts":  # steps with owners only
+            out["drafts"].append([[] if d == "-" else [int(t) for t in d.split(",")] for d in words[3:]])
+        elif line.startswith("step "):
+            acceptance = line.split(" acceptance ")[1].split()
+            out["steps"].append([int(a) for a in acceptance if a != "-"])
+        elif line.startswith("total: "):
+            out["total"] = dict(zip(words[1::2], map(float, words[2::2])))
+        elif line.startswith("timing loop "):
+            out["loop"] = dict(zip(words[2::2], map(float, words[3::2])))
+        elif line.startswith("timing "):
+            out["timing"][words[1]] = dict(zip(words[2::2], map(float, words[3::2])))
+    return out
