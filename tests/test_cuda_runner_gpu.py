@@ -179,8 +179,10 @@ def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):
     ExecuTorch's Triton SDPA) round differently from eager bf16, and the tiny random model's
     near-flat rows turn a last-bit logit change into another sampled token (H200, 2026-12-02:
     2/8 owners identical, first differences at tokens 0-26; float32 is 8/8 above). What is
-    held: the loop's shape (every owner's token count), every id in the vocab, and the
-    greedy owners' prefill argmax, which a wrong weight or cache would break."""
+    held: the loop's shape (every owner that stays gets max_new tokens), every id in the
+    vocab, and the greedy owners' prefill argmax, which a wrong weight or cache would break.
+    (This form of the check has not run on the GPU yet: it replaced a majority rule the run
+    above failed.)"""
     program = _eager("sampling-bf16", "cuda")
     owners = _owners(program, seed=7)
     want = driver.generate(program, owners, mode="speculative")
@@ -191,7 +193,8 @@ def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):
           f"owners identical over {tokens} tokens; differing (model rounding, compiled vs eager): {differ}")
     vocab = program.constants["vocab_size"]
     for i, o in enumerate(owners):
-        assert len(got["tokens"][i]) == len(want.tokens[o.name]), o.describe()
+        n = len(got["tokens"][i])  # an owner that leaves early has what its steps committed
+        assert n == o.max_new if o.leave is None else 1 <= n <= o.max_new, o.describe()
         assert all(0 <= t < vocab for t in got["tokens"][i])
         if o.temperature <= 0:
             assert got["tokens"][i][0] == want.tokens[o.name][0], o.describe()
