@@ -2,15 +2,14 @@
 
 import argparse
 import sys
+import textwrap
 
 from .export import config as config_mod
 
 EPILOG = """\
 configs:
-  --config takes a YAML file or the name of a built-in config:
-  heads-greedy, heads-sampling (the standalone verify heads),
-  tiny-dflash-greedy, tiny-dflash-sampling (target + drafter programs),
-  and their -cuda variants.
+  --config takes a YAML file or the name of a built-in config (configs/):
+{configs}
 
 examples:
   dflash-et export --config heads-sampling --output-dir out/heads
@@ -24,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="dflash-et",
         description="Export DFlash speculative-decoding programs (target, drafter, on-device "
         "verify heads) to ExecuTorch .pte files, and check them in the ExecuTorch runtime.",
-        epilog=EPILOG,
+        epilog=EPILOG.format(configs=textwrap.fill(", ".join(config_mod.builtin_names()), width=78,
+                                                  initial_indent="  ", subsequent_indent="  ")),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -99,17 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             from .export import check
 
             return 0 if check.check_artifact(cfg, args.artifact, runs=args.cases, seed=args.seed) else 1
-        if args.command == "run":
-            from .export import driver
+        from .export import driver  # "run", the last of the required subcommands
 
-            return driver.run_cli(cfg, args.artifact, steps=args.steps, seed=args.seed)
+        return driver.run_cli(cfg, args.artifact, steps=args.steps, seed=args.seed)
     except (config_mod.ConfigError, artifact.ArtifactError, LoweringError) as e:
         print(f"dflash-et: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dflash-et: interrupted; nothing half-written was left behind", file=sys.stderr)
         return 130
-    return 2
 
 
 if __name__ == "__main__":

@@ -204,6 +204,11 @@ def from_dict(data: dict) -> ExportConfig:
     return _build(ExportConfig, data, "")
 
 
+def builtin_names() -> list[str]:
+    """The built-in configs: the YAML files of configs/."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
 def resolve_path(name_or_path: str) -> Path:
     """A config file path, or the name of a built-in config (`heads-sampling`)."""
     path = Path(name_or_path)
@@ -212,7 +217,7 @@ def resolve_path(name_or_path: str) -> Path:
     builtin = BUILTIN_DIR / f"{name_or_path.removesuffix('.yaml')}.yaml"
     if "/" not in name_or_path and builtin.exists():
         return builtin
-    names = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+    names = ", ".join(builtin_names())
     raise ConfigError(f"config file {name_or_path} does not exist (built-in configs: {names})")
 
 

@@ -5,12 +5,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dflash_et import cli
 from dflash_et.export import artifact, exporter
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BAD_CONFIGS = [
     ({"program": "heads", "heads": {"vocab_size": 10}, "colour": "red"}, "unknown key colour; valid keys"),
@@ -59,7 +62,9 @@ def test_missing_and_malformed_config_files(tmp_path, capsys):
 
 
 def test_help_documents_every_command_and_flag(capsys):
-    for argv, words in (([], ["export", "check", "run", "heads-sampling"]),
+    builtin = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+    assert "qwen3-smoke-sampling-cuda" in builtin
+    for argv, words in (([], ["export", "check", "run", *builtin]),
                         (["export"], ["--config", "--output-dir", "--force"]),
                         (["check"], ["--config", "--artifact", "--cases", "--seed"]),
                         (["run"], ["--config", "--artifact", "--steps"])):
