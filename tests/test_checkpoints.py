@@ -175,6 +175,9 @@ def test_inv_freq_of_old_checkpoints_is_skipped(saved_target):
     ({"num_hidden_layers": None}, r"has no num_hidden_layers; it is required"),
     ({"hidden_size": "64"}, r"hidden_size must be an integer, got '64'"),
     ({"num_key_value_heads": 3}, r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
+    ({"head_dim": None}, r"has no head_dim: transformers' Qwen3Config would take its own class default"),
+    ({"num_key_value_heads": None}, r"has no num_key_value_heads: transformers' Qwen3Config"),
+    ({"rope_theta": None}, r"has no rope_theta: transformers' Qwen3Config"),
 ])
 def test_config_json_errors_name_the_key(saved_target, change, message):
     path = saved_target / "config.json"
@@ -188,6 +191,19 @@ def test_config_json_errors_name_the_key(saved_target, change, message):
     with pytest.raises(CheckpointError, match=message) as e:
         _load(saved_target)
     assert str(path) in str(e.value)
+
+
+def test_a_llama_config_derives_what_transformers_derives(tmp_path):
+    """LlamaConfig derives a missing num_key_value_heads (= num_attention_heads) and head_dim
+    (= hidden_size / num_attention_heads) and defaults rope_theta to 10000; so do we."""
+    directory = checkpoint.save_target(small_target("llama", seed=4), tmp_path / "llama")
+    path = directory / "config.json"
+    data = json.loads(path.read_text())
+    for key in ("num_key_value_heads", "head_dim", "rope_theta"):
+        data.pop(key)
+    path.write_text(json.dumps(data))
+    cfg = checkpoint.target_config(directory)
+    assert (cfg.num_kv_heads, cfg.head_dim, cfg.rope.theta) == (4, 8, 10_000.0)
 
 
 def test_broken_files_are_named(tmp_path, saved_target):
@@ -228,6 +244,10 @@ def saved_drafter(tmp_path):
     (lambda d: d.update(final_logit_softcapping=30.0), r"final_logit_softcapping = 30\.0 is not supported"),
     (lambda d: d.update(layer_types=["sliding_attention", "full_attention"]), r"sliding-window layers"),
     (lambda d: d.update(block_size=1), r"block_size must be in \[2, 64\], got 1"),
+    (lambda d: d.pop("block_size"), r"has no block_size \(nor dflash_config\.block_size\); it is required"),
+    (lambda d: d.pop("head_dim"), r"has no head_dim: transformers' Qwen3Config"),
+    (lambda d: d.pop("num_key_value_heads"), r"has no num_key_value_heads: transformers' Qwen3Config"),
+    (lambda d: d.pop("rope_theta"), r"has no rope_theta: transformers' Qwen3Config"),
 ])
 def test_drafter_config_errors(saved_drafter, edit, message):
     path = saved_drafter / "config.json"

@@ -293,6 +293,22 @@ def _rope(keys: _Keys, default_theta: float) -> layers.Rope:
     )
 
 
+def _check_qwen3_explicit(keys: _Keys) -> None:
+    """transformers' Qwen3Config fills a missing head_dim, num_key_value_heads or rope_theta
+    with class defaults (not derived from the other keys, and not the same in every
+    release), where our reading would derive or assume another value. Such a config.json is
+    refused, naming the key, rather than loaded as a different model than transformers'."""
+    rope_theta = "rope_theta" in keys.data or "rope_theta" in (keys.get("rope_parameters", kind=dict) or {})
+    for key, present in (("head_dim", "head_dim" in keys.data),
+                         ("num_key_value_heads", "num_key_value_heads" in keys.data),
+                         ("rope_theta", rope_theta)):
+        if not present:
+            raise CheckpointError(
+                f"{keys.path} has no {key}: transformers' Qwen3Config would take its own class default "
+                f"for it, not a value derived from the other keys; write {key} into the config.json"
+            )
+
+
 def _check_plain(keys: _Keys, what: str) -> None:
     act = keys.get("hidden_act", "silu")
     if act != "silu":
@@ -321,6 +337,8 @@ def target_config(directory: Path) -> TargetConfig:
     if DRAFTER_ARCHITECTURE in archs:
         raise CheckpointError(f"{path} describes a DFlash drafter ({DRAFTER_ARCHITECTURE}); use it as model.drafter")
     _check_plain(keys, "target")
+    if model_type == "qwen3":
+        _check_qwen3_explicit(keys)
     heads = keys.need("num_attention_heads")
     hidden = keys.need("hidden_size")
     try:
@@ -366,6 +384,7 @@ def drafter_config(directory: Path) -> DrafterConfig:
             f"expected {DRAFTER_ARCHITECTURE} with block_size and dflash_config (target_layer_ids, mask_token_id)"
         )
     _check_plain(keys, "drafter")
+    _check_qwen3_explicit(keys)  # z-lab's drafters are Qwen3Config models
     neutral_values = (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None))
     for key, neutral in neutral_values:
         value = dflash.get(key, data.get(key, neutral))
@@ -391,7 +410,10 @@ def drafter_config(directory: Path) -> DrafterConfig:
     mask = dflash.get("mask_token_id", data.get("mask_token_id"))
     if not isinstance(mask, int) or isinstance(mask, bool):
         raise CheckpointError(f"{path} has no integer dflash_config.mask_token_id (got {mask!r}); it is required")
-    block = dflash.get("block_size", data.get("block_size", 16))
+    block = dflash.get("block_size", data.get("block_size"))
+    if block is None:
+        raise CheckpointError(f"{path} has no block_size (nor dflash_config.block_size); it is required: the "
+                              "drafter was trained for one block size")
     if not isinstance(block, int) or isinstance(block, bool):
         raise CheckpointError(f"{path}: block_size must be an integer, got {block!r}")
     try:
