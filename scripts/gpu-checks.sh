@@ -50,6 +50,14 @@ print("warm", vocab, dtype)
 PY
 }
 
+build_runner() {  # the CUDA C++ runner into $runner (ExecuTorch v1.2.0 sources: $ET_SRC, default .et-src)
+  local start
+  start=$(date +%s)
+  runner=$(scripts/build-cuda-runner.sh "${ET_SRC:-.et-src}" /tmp/cuda-runner 2>"$OUT/runtime-build.log") \
+    || { tail -40 "$OUT/runtime-build.log"; exit 1; }
+  echo "CUDA runner built in $(( $(date +%s) - start )) s: $runner"
+}
+
 case "${1:-}" in
 kernels)
   for v in 1000 32000; do for d in float32 bfloat16; do warm $v $d & done; done; wait
@@ -85,17 +93,13 @@ smoke)
   timeout 560 python3 benchmarks/bench_dflash_step.py --output-dir /tmp/smoke --out "$OUT/SMOKE.md" 2>&1 | tail -30
   ;;
 runtime)
-  start=$(date +%s)
-  runner=$(scripts/build-cuda-runner.sh "${ET_SRC:-.et-src}" /tmp/cuda-runner 2>"$OUT/runtime-build.log") \
-    || { tail -40 "$OUT/runtime-build.log"; exit 1; }
-  echo "CUDA runner built in $(( $(date +%s) - start )) s: $runner"
+  build_runner
   DFLASH_CUDA_RUNNER=$runner DFLASH_TIMING_OUT="$OUT/runtime-timing.yaml" DFLASH_LOG_DIR="$OUT" \
     timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
     | tee "$OUT/runtime.log" | grep -E "^export|^float32|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
   ;;
 runner-bench)
-  runner=$(scripts/build-cuda-runner.sh "${ET_SRC:-.et-src}" /tmp/cuda-runner 2>"$OUT/runtime-build.log") \
-    || { tail -40 "$OUT/runtime-build.log"; exit 1; }
+  build_runner
   timeout "${RUNTIME_TIMEOUT:-560}" python3 benchmarks/bench_cuda_runner.py --runner "$runner" \
     --output-dir /tmp/runner-bench --out "$OUT/RUNNER.md" "${@:2}" 2>&1 | tail -30
   ;;
