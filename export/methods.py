@@ -145,6 +145,11 @@ def _resolve(size, sizes: dict[str, int]) -> int:
     return sizes[name] + int(plus or 0)
 
 
+def dim_max(size, dims: dict[str, tuple[int, int]]) -> int:
+    """The largest value a shape entry (an int or a dim name like "owners+1") may take."""
+    return _resolve(size, {name: high for name, (_, high) in dims.items()})
+
+
 def example_inputs(spec: MethodSpec, sizes: dict[str, int] | None = None) -> tuple[torch.Tensor, ...]:
     """Valid-shaped inputs for tracing: the method's own, else zeros except offsets that
     split the rows."""

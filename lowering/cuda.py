@@ -49,43 +49,71 @@ def fuse_heads(programs: dict, modules: dict[str, torch.nn.Module]) -> dict:
     return report
 
 
-def _partitioners(methods: list[str], cfg) -> dict:
+def _partitioners(methods: list[str]) -> dict:
+    """One CudaPartitioner per method. ExecuTorch's own Triton SDPA is off for every dtype:
+    its launcher picks a kernel with a Python `if` on the symbolic batch x heads size, a
+    guard that narrows the method's dynamic rows to the example's side of the branch
+    (qwen3-smoke's target_prefill was serialized for at most 41 rows, and the runtime
+    refused 1024); it also takes bfloat16 only. Attention lowers to matmul + softmax
+    (SDPBackend.MATH) instead. `check_bounds` catches any other narrowing."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
     from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
     from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-    extra = []
-    if cfg.model is not None and cfg.model.dtype == "float32":
-        # ExecuTorch's Triton SDPA (the backend's default for attention) takes bfloat16 only;
-        # off, attention lowers to plain matmul + softmax ops (SDPBackend.MATH).
-        extra.append(CompileSpec("triton_kernel_mode", b"OFF"))
-    return {m: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(m), *extra])] for m in methods}
+    off = CompileSpec("triton_kernel_mode", b"OFF")
+    return {m: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(m), off])] for m in methods}
 
 
 @contextlib.contextmanager
-def timed_compiles(say):
-    """While lowering: `say` how long AOTInductor took for each method (the compiles are most
-    of a CUDA export's time)."""
+def _wrapped(name: str, wrap):
+    """Replace CudaBackend's classmethod `name` by `wrap(original_function)` for the block."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
-    own = "preprocess" in vars(CudaBackend)  # else inherited (AotiBackend's)
-    original = inspect.getattr_static(CudaBackend, "preprocess")  # the classmethod object
-
-    def preprocess(cls, edge_program, compile_specs):
-        start = time.perf_counter()
-        result = original.__func__(cls, edge_program, compile_specs)
-        say(f"AOTInductor compiled {cls.method_name_from_compile_specs(compile_specs)} in "
-            f"{time.perf_counter() - start:.1f}s")
-        return result
-
-    CudaBackend.preprocess = classmethod(preprocess)
+    own = name in vars(CudaBackend)  # else inherited (AotiBackend's)
+    original = inspect.getattr_static(CudaBackend, name)  # the classmethod object
+    setattr(CudaBackend, name, classmethod(wrap(original.__func__)))
     try:
         yield
     finally:
         if own:
-            CudaBackend.preprocess = original
+            setattr(CudaBackend, name, original)
         else:
-            del CudaBackend.preprocess
+            delattr(CudaBackend, name)
+
+
+def timed_compiles(say):
+    """While lowering: `say` how long AOTInductor took for each method (the compiles are most
+    of a CUDA export's time)."""
+
+    def wrap(original):
+        def preprocess(cls, edge_program, compile_specs):
+            start = time.perf_counter()
+            result = original(cls, edge_program, compile_specs)
+            say(f"AOTInductor compiled {cls.method_name_from_compile_specs(compile_specs)} in "
+                f"{time.perf_counter() - start:.1f}s")
+            return result
+        return preprocess
+
+    return _wrapped("preprocess", wrap)
+
+
+def autotune_options(mode: str) -> dict:
+    """Inductor options of `lowering.autotune` (config.py), applied over ExecuTorch's own.
+    Both keep the GEMMs on Triton templates (the backend links no cuBLAS), chosen by timing."""
+    if mode == "full":
+        return {"max_autotune": True}
+    return {"max_autotune": False, "max_autotune_gemm": True}
+
+
+def compile_options(mode: str):
+    """While lowering: AOTInductor compiles with `autotune_options(mode)`."""
+
+    def wrap(original):
+        def get_aoti_compile_options(cls, compile_specs):
+            return {**original(cls, compile_specs), **autotune_options(mode)}
+        return get_aoti_compile_options
+
+    return _wrapped("get_aoti_compile_options", wrap)
 
 
 def lower(programs: dict, spec, cfg, say=lambda text: None) -> tuple[dict[str, bytes], dict]:
@@ -100,16 +128,18 @@ def lower(programs: dict, spec, cfg, say=lambda text: None) -> tuple[dict[str, b
         fused = {name: [] for name in programs}
         for program in programs.values():
             boundary.strip(program)  # the plain ATen heads go into the delegate
-    with delegate_outputs_in_order(), timed_compiles(say):  # KV-cache writes before user outputs (et_compat.py)
+    # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py)
+    with delegate_outputs_in_order(), timed_compiles(say), compile_options(cfg.lowering.autotune):
         edge = to_edge_transform_and_lower(
             programs,
-            partitioner=_partitioners(list(programs), cfg),
+            partitioner=_partitioners(list(programs)),
             # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
             # skip the core-ATen check the same way (AOTInductor lowers what it meets).
             compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
             constant_methods=methods.constant_values(spec),
         )
     program = edge.to_executorch(executorch_config())
+    check_bounds(program.buffer, spec)
     files = {artifact.PTE: program.buffer}
     with tempfile.TemporaryDirectory() as tmp:
         program.write_tensor_data_to_file(tmp)
@@ -119,6 +149,7 @@ def lower(programs: dict, spec, cfg, say=lambda text: None) -> tuple[dict[str, b
         raise LoweringError(f"the CUDA lowering wrote no {PTD} (got {sorted(files)}); is every method delegated?")
     report = {
         "fused_verify": cfg.lowering.fused_verify,
+        "autotune": cfg.lowering.autotune,
         "fused_heads": fused,
         "delegates": delegates(program.buffer),
     }
@@ -136,10 +167,35 @@ def executorch_config():
     return ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False))
 
 
-def delegates(pte: bytes) -> dict[str, list[str]]:
-    """Method name -> backend ids of its delegates, read back from the serialized program."""
+def _plans(pte: bytes) -> list:
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     parsed = deserialize_pte_binary(pte)
-    program = getattr(parsed, "program", parsed)  # PTEFile (>= 1.2) or Program
-    return {plan.name: [d.id for d in plan.delegates] for plan in program.execution_plan}
+    return getattr(parsed, "program", parsed).execution_plan  # PTEFile (>= 1.2) or Program
+
+
+def delegates(pte: bytes) -> dict[str, list[str]]:
+    """Method name -> backend ids of its delegates, read back from the serialized program."""
+    return {plan.name: [d.id for d in plan.delegates] for plan in _plans(pte)}
+
+
+def check_bounds(pte: bytes, spec) -> None:
+    """Every input of every method is serialized with the capacity its declared dims allow
+    (the runtime refuses a larger call). A compiler guard on a dynamic size narrows it
+    silently; this names the method, the input and both sizes instead of a runtime error
+    at the first large call."""
+    declared = {m.name: m for m in spec.methods}
+    for plan in _plans(pte):
+        method = declared.get(plan.name)
+        if method is None:
+            continue
+        for tensor, index in zip(method.inputs, plan.inputs):
+            want = [methods.dim_max(d, spec.dims) for d in tensor.shape]
+            got = list(plan.values[index].val.sizes)
+            if got != want:
+                raise LoweringError(
+                    f"{plan.name}: input {tensor.name} was serialized for at most {got}, but its dims "
+                    f"{list(tensor.shape)} allow {want}: a guard during the CUDA lowering narrowed a "
+                    "dynamic size. Report it with the export log; a smaller limits.max_rows / "
+                    "max_owners that fits the bound works around it"
+                )

@@ -3,6 +3,7 @@ swaps the whole subgraph for one dflash:: op; the rewritten graph gives the
 reference's token ids (Triton interpreter on the CPU)."""
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -251,3 +252,41 @@ def test_cuda_programs_take_their_inputs_by_pointer():
         planned[label] = [meta.input_tensor_meta(i).is_memory_planned() for i in range(meta.num_inputs())]
     assert planned["default"] == [True] * len(m.inputs)
     assert planned["cuda"] == [False] * len(m.inputs)
+
+
+def test_a_narrowed_input_bound_is_an_error_naming_the_input():
+    """check_bounds reads every input's serialized capacity back from the program: equal to
+    the declared dims passes; a program serialized for fewer rows than the dims allow (what
+    a compiler guard on a dynamic size does) is refused, naming the method, input and sizes."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from dflash_et.lowering import cuda
+    from dflash_et.lowering.errors import LoweringError
+
+    cfg = config.load("heads-greedy")
+    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64),
+                                             limits=config.LimitsConfig(max_rows=12, max_owners=3)))
+    (m,) = spec.methods
+    program = trace(spec, _quiet())[m.name]
+    boundary.strip(program)
+    pte = to_edge_transform_and_lower({m.name: program}).to_executorch(cuda.executorch_config()).buffer
+    cuda.check_bounds(pte, spec)
+    wider = methods.ProgramSpec(spec.methods, spec.constants, {**spec.dims, "rows": (1, 13)})
+    with pytest.raises(LoweringError, match=r"dflash_verify_argmax: input logits was serialized for at most "
+                                            r"\[12, 64\], but its dims \['rows', 64\] allow \[13, 64\]"):
+        cuda.check_bounds(pte, wider)
+
+
+@pytest.mark.parametrize("mode", config.AUTOTUNE)
+def test_lowering_autotune_sets_the_inductor_options_only_while_lowering(mode):
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    from dflash_et.lowering import cuda
+
+    before = inspect.getattr_static(CudaBackend, "get_aoti_compile_options")
+    with cuda.compile_options(mode):
+        options = CudaBackend.get_aoti_compile_options([])
+    assert options["max_autotune"] is (mode == "full")
+    assert options.get("max_autotune_gemm", False) is (mode == "gemm")
+    assert options["max_autotune_gemm_backends"] == "TRITON"  # ExecuTorch's own options stay
+    assert inspect.getattr_static(CudaBackend, "get_aoti_compile_options") is before
