@@ -12,6 +12,7 @@ tokens per step: the table gives that figure as step time / block_size.
 """
 
 import argparse
+import dataclasses
 import platform
 import subprocess
 import sys
@@ -25,13 +26,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import runner_cli  # noqa: E402
 
-from dflash_et.export import config, driver, exporter, methods  # noqa: E402
+from dflash_et.export import artifact, config, driver, exporter, methods  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runner", required=True, help="the CUDA dflash_runner (scripts/build-cuda-runner.sh)")
-    ap.add_argument("--config", default="qwen3-smoke-sampling-cuda")
+    ap.add_argument("--config", default="qwen3-smoke-sampling-cuda", help="a built-in config or a YAML path")
+    ap.add_argument("--fused-verify", choices=("true", "false"), help="override lowering.fused_verify")
+    ap.add_argument("--autotune", choices=config.AUTOTUNE, help="override lowering.autotune")
     ap.add_argument("--output-dir", required=True, help="export here (kept if it already holds this config)")
     ap.add_argument("--owners", type=int, default=0, help="default: the program's max_owners")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per owner")
@@ -40,10 +43,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg = config.load(args.config)
+    lowering = {k: v for k, v in (("fused_verify", args.fused_verify and args.fused_verify == "true"),
+                                  ("autotune", args.autotune)) if v is not None}
+    cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, **lowering))
     out = Path(args.output_dir)
-    start = time.perf_counter()
-    exporter.export_program(cfg, out, force=True)
-    export_s = time.perf_counter() - start
+    held = artifact.read_manifest(out)
+    if held is not None and held.get("config_digest") == cfg.digest():
+        export_note = "export reused"
+    else:
+        start = time.perf_counter()
+        exporter.export_program(cfg, out, force=True)
+        export_note = f"export {time.perf_counter() - start:.0f} s"
     spec = methods.build(cfg)
     c = spec.constants
     n = args.owners or c["max_owners"]
@@ -54,7 +64,7 @@ def main(argv=None) -> int:
                            top_p=0.95 if i % 4 == 3 else 1.0, seed=i) for i in range(n)]
     lines = [f"# {args.config} in the C++ CUDA runner",
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
-             f"export {export_s:.0f} s, {n} owners x prompt {args.prompt} + {args.new} new tokens "
+             f"{export_note}, lowering {cfg.lowering}, {n} owners x prompt {args.prompt} + {args.new} new tokens "
              f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]

@@ -57,15 +57,18 @@ def _config(name: str) -> config.ExportConfig:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Every export of EXPORTS, as parallel processes: name -> directory, or the log of a
-    failed export (the tests that need it fail with it). Wall times are printed."""
+    failed export (the tests that need it fail with it). Wall times are printed. Each export
+    gets its own inductor cache: side by side in one cache, two compiles of the same kernel
+    raced (one link step found another's object files gone: `ld: cannot find ...fatbin.o`)."""
     base = tmp_path_factory.mktemp("cuda_runner")
     jobs = {}
     for name in EXPORTS:
         path = base / f"{name}.yaml"
         path.write_text(_config(name).to_yaml())
         cmd = [sys.executable, "-m", "dflash_et.cli", "export", "--config", str(path), "--output-dir", str(base / name)]
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / f"inductor-{name}")}
         jobs[name] = (time.perf_counter(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                            text=True, cwd=ROOT))
+                                                            text=True, cwd=ROOT, env=env))
     out = {}
     for name, (start, job) in jobs.items():
         log = job.communicate()[0]
