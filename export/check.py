@@ -101,13 +101,14 @@ def check_artifact(
     results = []
 
     exported = set(program.method_names)
-    expected = {m.name for m in spec.methods} | set(spec.constants)
+    constants = methods.constant_names(spec)
+    expected = {m.name for m in spec.methods} | set(constants)
     if exported != expected:
         r = MethodResult("(method list)")
         r.problems.append(f"program has {sorted(exported)}, config expects {sorted(expected)}")
         results.append(r)
 
-    for name, value in spec.constants.items():
+    for name, value in constants.items():
         r = MethodResult(name, runs=1)
         got = program.load_method(name).execute([])[0]
         got = got.tolist() if isinstance(got, torch.Tensor) else got  # list constants: int64 tensors

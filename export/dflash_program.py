@@ -280,6 +280,9 @@ def build(cfg: ExportConfig) -> ProgramSpec:
         "max_rows": cfg.limits.max_rows,
         "max_owners": cfg.limits.max_owners,
         "max_seq_len": cfg.limits.max_seq_len,
+        "max_context_len": cfg.limits.max_seq_len,
+        "use_kv_cache": True,
+        "enable_dynamic_shape": True,
     }
     dims = {"rows": (1, cfg.limits.max_rows), "owners": (1, cfg.limits.max_owners), "n": (1, cfg.limits.max_rows)}
     return ProgramSpec(specs, constants, dims, shared_state=True)

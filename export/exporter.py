@@ -33,7 +33,7 @@ def manifest(cfg: ExportConfig, spec: methods.ProgramSpec) -> dict:
         "variant": cfg.variant,
         "versions": versions(),
         "dims": {name: {"min": lo, "max": hi} for name, (lo, hi) in spec.dims.items()},
-        "constants": spec.constants,
+        "constants": methods.constant_names(spec),
         "methods": {
             m.name: {
                 "inputs": [t.to_json() for t in m.inputs],

@@ -16,7 +16,32 @@ from torch.export import Dim
 from . import heads
 from .config import ExportConfig
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
+
+# The constant methods' names in a program: ExecuTorch's LLM-runner metadata names
+# (extension/llm/runner/constants.h: get_vocab_size, get_max_seq_len, get_max_context_len,
+# use_kv_cache, enable_dynamic_shape) and its DFlash export's (get_block_size,
+# get_mask_token_id, get_n_target_layers); ours follow the same pattern. `ProgramSpec.constants`
+# keys are the short names on the left, what the Python code uses.
+CONSTANT_METHODS = {
+    "contract_version": "get_contract_version",
+    "program": "get_program",
+    "variant": "get_variant",
+    "model_dtype": "get_model_dtype",
+    "vocab_size": "get_vocab_size",
+    "hidden_size": "get_hidden_size",
+    "hidden_width": "get_hidden_width",
+    "num_target_layers": "get_n_target_layers",
+    "target_layer_ids": "get_target_layer_ids",
+    "block_size": "get_block_size",
+    "mask_token_id": "get_mask_token_id",
+    "max_rows": "get_max_rows",
+    "max_owners": "get_max_owners",
+    "max_seq_len": "get_max_seq_len",
+    "max_context_len": "get_max_context_len",
+    "use_kv_cache": "use_kv_cache",
+    "enable_dynamic_shape": "enable_dynamic_shape",
+}
 
 LOGITS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in LOGITS_DTYPES.items()} | {torch.int64: "int64", torch.bool: "bool"}
@@ -54,9 +79,16 @@ class ProgramSpec:
 
 
 def constant_values(spec: ProgramSpec) -> dict:
-    """The constant methods as the lowering takes them: a list of ints becomes one int64
-    tensor (ExecuTorch would make a list several outputs; a C++ runtime reads one tensor)."""
-    return {k: torch.tensor(v, dtype=torch.int64) if isinstance(v, list) else v for k, v in spec.constants.items()}
+    """The constant methods as the lowering takes them, under their method names
+    (`CONSTANT_METHODS`): a list of ints becomes one int64 tensor (ExecuTorch would make a
+    list several outputs; a C++ runtime reads one tensor)."""
+    return {CONSTANT_METHODS[k]: torch.tensor(v, dtype=torch.int64) if isinstance(v, list) else v
+            for k, v in spec.constants.items()}
+
+
+def constant_names(spec: ProgramSpec) -> dict:
+    """Method name -> value of every constant method (as the manifest lists them)."""
+    return {CONSTANT_METHODS[k]: v for k, v in spec.constants.items()}
 
 
 # Example sizes for tracing: above 1 (export specialises 0 and 1) and distinct.
@@ -126,6 +158,8 @@ def heads_program(cfg: ExportConfig) -> ProgramSpec:
         "vocab_size": vocab,
         "max_rows": cfg.limits.max_rows,
         "max_owners": cfg.limits.max_owners,
+        "use_kv_cache": False,
+        "enable_dynamic_shape": True,
     }
     return ProgramSpec(methods, constants, _dims(cfg))
 

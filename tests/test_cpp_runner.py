@@ -50,11 +50,20 @@ def _heads_yaml(directory: Path) -> Path:
     return path
 
 
-# A heads program claiming contract_version 2: the runner must refuse it before anything else.
+# A heads program claiming the next contract_version: the runner must refuse it before anything else.
 _FUTURE_EXPORT = textwrap.dedent("""
     import sys
     from dflash_et.export import config, exporter, methods
-    methods.CONTRACT_VERSION = 2
+    methods.CONTRACT_VERSION += 1
+    exporter.export_program(config.load(sys.argv[1]), sys.argv[2])
+""")
+
+# A heads program of contract_version 1, whose constant methods had no get_ prefix.
+_OLD_EXPORT = textwrap.dedent("""
+    import sys
+    from dflash_et.export import config, exporter, methods
+    methods.CONTRACT_VERSION = 1
+    methods.CONSTANT_METHODS = {k: k for k in methods.CONSTANT_METHODS}
     exporter.export_program(config.load(sys.argv[1]), sys.argv[2])
 """)
 
@@ -78,16 +87,17 @@ def _build_runner(build: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future': artifact directories}.
-    The four exports run as parallel processes while the runner builds."""
+    """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future' / 'old': artifact directories}.
+    The exports run as parallel processes while the runner builds."""
     base = tmp_path_factory.mktemp("cpp_runner")
     heads = _heads_yaml(base)
-    dirs = {v: base / f"tiny-dflash-{v}" for v in VARIANTS} | {"heads": base / "heads", "future": base / "future"}
+    dirs = {v: base / f"tiny-dflash-{v}" for v in VARIANTS} | {k: base / k for k in ("heads", "future", "old")}
     commands = {
         **{v: ["-m", "dflash_et.cli", "export", "--config", f"tiny-dflash-{v}", "--output-dir", str(dirs[v])]
            for v in VARIANTS},
         "heads": ["-m", "dflash_et.cli", "export", "--config", str(heads), "--output-dir", str(dirs["heads"])],
         "future": ["-c", _FUTURE_EXPORT, str(heads), str(dirs["future"])],
+        "old": ["-c", _OLD_EXPORT, str(heads), str(dirs["old"])],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     jobs = {k: subprocess.Popen([sys.executable, *c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -194,7 +204,9 @@ BAD_INPUTS = {
     "heads program": (lambda d: ["--program", d["heads"] / "model.pte", *_owner_args("prompt=1:max_new=2")],
                       "is a dflash-et 'heads' program; this runner drives DFlash programs"),
     "future contract": (lambda d: ["--program", d["future"] / "model.pte", *_owner_args("prompt=1:max_new=2")],
-                        "has contract_version 2; this runner understands contract_version 1"),
+                        "has contract_version 3; this runner understands contract_version 2"),
+    "contract 1 names": (lambda d: ["--program", d["old"] / "model.pte", *_owner_args("prompt=1:max_new=2")],
+                         "has contract_version 1; this runner understands contract_version 2 only: re-export it"),
     "token id = vocab": (lambda d: ["--program", d["sampling"] / "model.pte",
                                     *_owner_args("prompt=1:max_new=2", "prompt=3,256,4:max_new=2")],
                          "owner 1: prompt token 256 is outside the vocab [0, 256)"),

@@ -201,7 +201,7 @@ def test_presets_written_as_checkpoints_export_the_same_program(tiny, tmp_path):
     out = exporter.export_program(from_files, tmp_path / "art")
     assert (out / artifact.PTE).read_bytes() == (directory / artifact.PTE).read_bytes()
     manifest = json.loads((out / artifact.MANIFEST).read_text())
-    assert manifest["constants"]["target_layer_ids"] == [1, 2] and manifest["program"] == "dflash"
+    assert manifest["constants"]["get_target_layer_ids"] == [1, 2] and manifest["program"] == "dflash"
 
 
 def test_llama_checkpoint_round_trip_exports_and_runs(tmp_path):

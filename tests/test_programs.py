@@ -76,7 +76,7 @@ def test_manifest_describes_the_program(builtin_artifacts):
         {"name": "accepted", "dtype": "int64", "shape": ["owners"]},
         {"name": "next_token", "dtype": "int64", "shape": ["owners"]}]
     assert manifest["dims"]["rows"] == {"min": 1, "max": 256}
-    assert manifest["constants"]["vocab_size"] == 32000
+    assert manifest["constants"]["get_vocab_size"] == 32000
     assert manifest["files"]["model.pte"]["sha256"] == artifact.sha256((directory / "model.pte").read_bytes())
     assert {"torch", "executorch", "dflash_et"} <= set(manifest["versions"])
     assert (directory / artifact.CONFIG).read_text() == cfg.to_yaml()

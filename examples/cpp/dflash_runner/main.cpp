@@ -70,7 +70,7 @@ using executorch::extension::module::Module;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 
-constexpr int64_t kContractVersion = 1;  // docs/CONTRACT.md
+constexpr int64_t kContractVersion = 2;  // docs/CONTRACT.md
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
 constexpr int64_t kMaxStep = 1000000;  // the largest join step accepted
@@ -504,39 +504,44 @@ class DFlashProgram {
   }
 
   void check_contract() {
-    if (!names_.count("contract_version")) {
-      bad_input(path_ + " has no 'contract_version' method: not a dflash-et program");
+    if (!names_.count("get_contract_version")) {
+      if (names_.count("contract_version")) {  // contract_version 1 named its constants without get_
+        bad_input(path_ + " has contract_version " + std::to_string(int_constant("contract_version")) +
+                  "; this runner understands contract_version " + std::to_string(kContractVersion) +
+                  " only: re-export it with this dflash-et, or build the runner of the dflash-et that exported it");
+      }
+      bad_input(path_ + " has no 'get_contract_version' method: not a dflash-et program");
     }
-    contract_version = int_constant("contract_version");
+    contract_version = int_constant("get_contract_version");
     if (contract_version != kContractVersion) {
       bad_input(path_ + " has contract_version " + std::to_string(contract_version) + "; this runner understands " +
                 "contract_version " + std::to_string(kContractVersion) +
                 " only: build the runner of the dflash-et that exported it");
     }
-    program = string_constant("program");
+    program = string_constant("get_program");
     if (program != "dflash") {
       bad_input(path_ + " is a dflash-et '" + program + "' program; this runner drives DFlash programs " +
                 "(program: dflash, e.g. the tiny-dflash-greedy / tiny-dflash-sampling configs)");
     }
-    variant = string_constant("variant");
+    variant = string_constant("get_variant");
     if (variant != "greedy" && variant != "sampling") {
       bad_input(path_ + " has variant '" + variant + "'; this runner knows 'greedy' and 'sampling'");
     }
-    model_dtype = string_constant("model_dtype");
+    model_dtype = string_constant("get_model_dtype");
     hidden_dtype = dtype_of(model_dtype);
     if (hidden_dtype == ScalarType::Undefined) {
       bad_input(path_ + " has model_dtype '" + model_dtype + "'; this runner knows 'float32' and 'bfloat16'");
     }
-    vocab_size = int_constant("vocab_size");
-    hidden_size = int_constant("hidden_size");
-    num_target_layers = int_constant("num_target_layers");
-    hidden_width = int_constant("hidden_width");
-    target_layer_ids = ints_constant("target_layer_ids");
-    block_size = int_constant("block_size");
-    mask_token_id = int_constant("mask_token_id");
-    max_rows = int_constant("max_rows");
-    max_owners = int_constant("max_owners");
-    max_seq_len = int_constant("max_seq_len");
+    vocab_size = int_constant("get_vocab_size");
+    hidden_size = int_constant("get_hidden_size");
+    num_target_layers = int_constant("get_n_target_layers");
+    hidden_width = int_constant("get_hidden_width");
+    target_layer_ids = ints_constant("get_target_layer_ids");
+    block_size = int_constant("get_block_size");
+    mask_token_id = int_constant("get_mask_token_id");
+    max_rows = int_constant("get_max_rows");
+    max_owners = int_constant("get_max_owners");
+    max_seq_len = int_constant("get_max_seq_len");
     if (vocab_size < 1 || hidden_width < 1 || block_size < 2 || max_rows < 1 || max_owners < 1 || max_seq_len < 2) {
       bad_input(path_ + ": constants out of the contract's range (vocab_size " + std::to_string(vocab_size) +
                 ", hidden_width " + std::to_string(hidden_width) + ", block_size " + std::to_string(block_size) +
@@ -1043,9 +1048,10 @@ std::string describe(const OwnerOptions& o) {
 
 void report(const DFlashProgram& p, const std::vector<Owner>& owners, const std::vector<Step>& steps,
             bool print_drafts) {
-  std::printf("constants contract_version=%lld program=%s variant=%s model_dtype=%s vocab_size=%lld hidden_size=%lld "
-              "num_target_layers=%lld hidden_width=%lld target_layer_ids=%s block_size=%lld mask_token_id=%lld "
-              "max_rows=%lld max_owners=%lld max_seq_len=%lld\n",
+  std::printf("constants get_contract_version=%lld get_program=%s get_variant=%s get_model_dtype=%s "
+              "get_vocab_size=%lld get_hidden_size=%lld get_n_target_layers=%lld get_hidden_width=%lld "
+              "get_target_layer_ids=%s get_block_size=%lld get_mask_token_id=%lld get_max_rows=%lld "
+              "get_max_owners=%lld get_max_seq_len=%lld\n",
               static_cast<long long>(p.contract_version), p.program.c_str(), p.variant.c_str(), p.model_dtype.c_str(),
               static_cast<long long>(p.vocab_size), static_cast<long long>(p.hidden_size),
               static_cast<long long>(p.num_target_layers), static_cast<long long>(p.hidden_width),
