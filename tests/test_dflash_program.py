@@ -47,10 +47,10 @@ def test_every_method_loads_and_the_check_passes(tiny, name):
     cfg, directory = tiny[name]
     program = check.load_program(directory)
     spec = methods.build(cfg)
-    assert set(program.method_names) == {m.name for m in spec.methods} | set(spec.constants)
+    assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
     for method in program.method_names:
         program.load_method(method)  # a missing portable kernel fails here
-    assert program.load_method("target_layer_ids").execute([])[0].tolist() == [1, 2]
+    assert program.load_method("get_target_layer_ids").execute([])[0].tolist() == [1, 2]
     report = io.StringIO()
     assert check.check_artifact(cfg, directory, runs=4, stream=report), report.getvalue()
     text = report.getvalue()

@@ -26,7 +26,7 @@ def test_builtin_configs_export_load_and_match_eager(builtin_artifacts, name):
     cfg, directory = builtin_artifacts[name]
     program = check.load_program(directory)
     spec = methods.build(cfg)
-    assert set(program.method_names) == {m.name for m in spec.methods} | set(spec.constants)
+    assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
     for method in program.method_names:
         program.load_method(method)  # raises on a missing kernel
     report = io.StringIO()
