@@ -15,6 +15,8 @@ from dflash_et.export.models.checkpoint import CheckpointError
 
 from test_models import small_drafter, small_target
 
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
+
 SLOTS, T = 3, 48
 
 

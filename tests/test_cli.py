@@ -41,6 +41,7 @@ def _run_cli(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("data,message", BAD_CONFIGS)
 def test_bad_configs_give_the_documented_error(tmp_path, capsys, data, message):
     path = tmp_path / "bad.yaml"
@@ -52,6 +53,7 @@ def test_bad_configs_give_the_documented_error(tmp_path, capsys, data, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.quick
 def test_missing_and_malformed_config_files(tmp_path, capsys):
     code, _, err = _run_cli(capsys, "export", "--config", str(tmp_path / "nope.yaml"))
     assert code == 2 and "nope.yaml does not exist" in err and "heads-sampling" in err
@@ -61,6 +63,7 @@ def test_missing_and_malformed_config_files(tmp_path, capsys):
     assert code == 2 and "is not valid YAML" in err
 
 
+@pytest.mark.quick
 def test_help_documents_every_command_and_flag(capsys):
     builtin = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert "qwen3-smoke-sampling-cuda" in builtin
@@ -97,6 +100,7 @@ def test_export_is_byte_identical_and_guards_other_configs(make_config, tmp_path
     assert "[1/" in err and "done in" in err  # stage progress with timings on stderr
 
 
+@pytest.mark.quick
 def test_check_command_reports_and_exit_codes(make_config, tmp_path, capsys):
     greedy = make_config("greedy", vocab=100)
     sampling = make_config("sampling", vocab=100)

@@ -24,6 +24,8 @@ from torch.export.graph_signature import OutputKind  # noqa: E402
 
 from dflash_et.lowering.et_compat import delegate_outputs_in_order  # noqa: E402
 
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
+
 
 class Taps(nn.Module):
     """Two cache writes, one shallow and one deep, and a shallow 'tap' output."""

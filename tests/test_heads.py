@@ -1,9 +1,12 @@
 """dflash_verify / dflash_verify_argmax / sample_rows over packed owners."""
 
 import spec_oracle
+import pytest
 import torch
 
 from dflash_et.export import cases, heads, legal
+
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
 VOCAB = 50
 

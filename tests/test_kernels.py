@@ -55,7 +55,7 @@ def _check_verify(inp, got, greedy=False):
 
 # (vocab, candidate cap, filtered block): small caps and blocks make the candidate
 # buffer fill and shrink many times per row, and send rows down the slow path.
-@pytest.mark.parametrize("vocab,cap,block", [(1, None, None), (7, None, None), (40, None, None),
+@pytest.mark.parametrize("vocab,cap,block", [(1, None, None), pytest.param(7, None, None, marks=pytest.mark.quick), (40, None, None),
                                              (200, 8, 16), (300, 16, 32)])
 def test_sample_rows_matches_reference(vocab, cap, block):
     g = torch.Generator().manual_seed(vocab)
@@ -75,7 +75,8 @@ def test_sample_rows_half_precision(dtype):
     _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS]))
 
 
-@pytest.mark.parametrize("vocab,cap,block", [(5, None, None), (40, None, None), (120, 8, 16)])
+@pytest.mark.parametrize("vocab,cap,block", [(5, None, None), (40, None, None),
+                                             pytest.param(120, 8, 16, marks=pytest.mark.quick)])
 def test_verify_matches_reference(vocab, cap, block):
     g = torch.Generator().manual_seed(100 + vocab)
     for _ in range(8):
@@ -129,7 +130,7 @@ def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
     assert len(chunks) == 8
 
 
-@pytest.mark.parametrize("block", [None, 16])
+@pytest.mark.parametrize("block", [pytest.param(None, marks=pytest.mark.quick), 16])
 def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
     """The light pass skips NaN / +inf handling per logit and runs a row again, sanitized,
     when a lane ends with a NaN max or an infinite mass (kernels/sampling_rule.py). One NaN
@@ -221,6 +222,7 @@ def test_verify_with_more_owners_than_one_layout_step():
             assert bool(((n[271:] > 0) & (owners_layout.pack_pairs(offsets, num_rows).rows[271:] == 0)).any())
 
 
+@pytest.mark.quick
 def test_verify_argmax_matches_reference():
     g = torch.Generator().manual_seed(7)
     for dtype in (torch.float32, torch.bfloat16):
@@ -655,6 +657,7 @@ def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, m
     assert steps == {False: step, True: step}
 
 
+@pytest.mark.quick
 def test_overlapping_and_invalid_owners():
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(8, 20, generator=g)

@@ -3,9 +3,12 @@ the tokens of target-only `sample_rows` decoding with the same seeds."""
 
 import hashlib
 
+import pytest
 import torch
 
 from dflash_et.export import heads
+
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
 VOCAB = 30
 

@@ -34,7 +34,7 @@ def _dflash_calls(ep):
     return [n.target for n in ep.graph.nodes if n.op == "call_function" and "dflash" in str(n.target)]
 
 
-@pytest.mark.parametrize("variant", ["greedy", "sampling"])
+@pytest.mark.parametrize("variant", [pytest.param("greedy", marks=pytest.mark.quick), "sampling"])
 def test_pass_rewrites_exactly_the_heads_and_keeps_the_signature(variant):
     spec, programs = _traced(variant)
     g = torch.Generator().manual_seed(1)
@@ -128,6 +128,7 @@ def test_no_head_is_a_no_op_but_an_expected_head_must_match():
         FuseVerifyHeads(expected=["verify"])(ep)
 
 
+@pytest.mark.quick
 def test_an_altered_boundary_raises_naming_the_node_and_changes_nothing():
     from dflash_et.export.boundary import MARKER
 
@@ -254,6 +255,7 @@ def test_cuda_programs_take_their_inputs_by_pointer():
     assert planned["cuda"] == [False] * len(m.inputs)
 
 
+@pytest.mark.quick
 def test_a_narrowed_input_bound_is_an_error_naming_the_input():
     """check_bounds reads every input's serialized capacity back from the program: equal to
     the declared dims passes; a program serialized for fewer rows than the dims allow (what
@@ -277,6 +279,7 @@ def test_a_narrowed_input_bound_is_an_error_naming_the_input():
         cuda.check_bounds(pte, wider)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("mode", config.AUTOTUNE)
 def test_lowering_autotune_sets_the_inductor_options_only_while_lowering(mode):
     from executorch.backends.cuda.cuda_backend import CudaBackend

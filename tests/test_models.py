@@ -13,7 +13,7 @@ from dflash_et.export.models import Drafter, DrafterConfig, Target, TargetConfig
 SLOTS, T = 3, 48
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.quick]  # conftest.py; scripts/test.sh --quick
 
 
 def small_target(family="qwen3", tie=False, bias=False, rope=None, seed=0) -> Target:

@@ -1,9 +1,12 @@
 """Philox4x32-10 and the (seed, position, purpose) uniform of SPEC.md."""
 
 import spec_oracle
+import pytest
 import torch
 
 from dflash_et.export import rng
+
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
 
 def _words(values):

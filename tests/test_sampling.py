@@ -8,6 +8,8 @@ import torch
 
 from dflash_et.export import legal, rng, sampling
 
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
+
 NAN = float("nan")
 
 

@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick  # scripts/test.sh --quick
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "simulate_top_p_bounds.py"
 
 
