@@ -13,6 +13,7 @@ from dflash_et.export.config import ConfigError, LimitsConfig, ModelConfig
 from dflash_et.export.models import checkpoint, layers, presets
 from dflash_et.export.models.checkpoint import CheckpointError
 
+import checkpoint_writer
 from test_models import small_drafter, small_target
 
 pytestmark = pytest.mark.quick  # scripts/test.sh --quick
@@ -34,7 +35,7 @@ def _same_model(a: torch.nn.Module, b: torch.nn.Module) -> None:
 ])
 def test_target_round_trip(tmp_path, family, tie, bias, rope):
     model = small_target(family, tie, bias, rope, seed=11)
-    checkpoint.save_target(model, tmp_path)
+    checkpoint_writer.save_target(model, tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     assert data["model_type"] == family and data["tie_word_embeddings"] is tie
     assert ("lm_head.weight" in checkpoint.tensor_index(tmp_path)) is not tie
@@ -45,7 +46,7 @@ def test_target_round_trip(tmp_path, family, tie, bias, rope):
 
 def test_drafter_round_trip_in_zlab_layout(tmp_path):
     model = small_drafter(block_size=5, taps=(2, 0), seed=12)
-    checkpoint.save_drafter(model, tmp_path)
+    checkpoint_writer.save_drafter(model, tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     assert data["architectures"] == ["DFlashDraftModel"] and data["block_size"] == 5
     assert data["dflash_config"] == {"mask_token_id": 60, "target_layer_ids": [2, 0]}
@@ -59,7 +60,7 @@ def test_drafter_round_trip_in_zlab_layout(tmp_path):
 
 def test_drafter_config_spellings(tmp_path):
     model = small_drafter(seed=13)
-    checkpoint.save_drafter(model, tmp_path)
+    checkpoint_writer.save_drafter(model, tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     # transformers-v5 style: block_size inside dflash_config, rope_parameters; a `model.` prefix
     data["dflash_config"]["block_size"] = data.pop("block_size")
@@ -67,7 +68,7 @@ def test_drafter_config_spellings(tmp_path):
     data.pop("rope_scaling")
     (tmp_path / "config.json").write_text(json.dumps(data))
     tensors = checkpoint.read_file(tmp_path / "model.safetensors")
-    checkpoint.write_file(tmp_path / "model.safetensors", {f"model.{k}": v for k, v in tensors.items()})
+    checkpoint_writer.write_file(tmp_path / "model.safetensors", {f"model.{k}": v for k, v in tensors.items()})
     loaded = checkpoint.load_drafter(tmp_path, SLOTS, T, torch.float32)
     assert loaded.cfg == model.cfg
     _same_model(model, loaded)
@@ -86,7 +87,7 @@ def test_safetensors_files_agree_with_the_safetensors_library(tmp_path):
         "d.f16": torch.randn(2, 2, 2).half(), "empty": torch.zeros(0, 4),
     }
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
-    checkpoint.write_file(ours, tensors)
+    checkpoint_writer.write_file(ours, tensors)
     st.save_file(tensors, str(theirs))
     for path in (ours, theirs):
         for reader in (checkpoint.read_file, lambda p: st.load_file(str(p))):
@@ -98,13 +99,13 @@ def test_safetensors_files_agree_with_the_safetensors_library(tmp_path):
 
 def test_sharded_checkpoint_with_index(tmp_path):
     model = small_target("llama", seed=14)
-    checkpoint.save_target(model, tmp_path)
+    checkpoint_writer.save_target(model, tmp_path)
     tensors = checkpoint.read_file(tmp_path / "model.safetensors")
     (tmp_path / "model.safetensors").unlink()
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for file, part in shards.items():
-        checkpoint.write_file(tmp_path / file, {n: tensors[n] for n in part})
+        checkpoint_writer.write_file(tmp_path / file, {n: tensors[n] for n in part})
     index = {"weight_map": {n: f for f, part in shards.items() for n in part}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     _same_model(model, checkpoint.load_target(tmp_path, SLOTS, T, torch.float32))
@@ -116,7 +117,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
 @pytest.fixture
 def saved_target(tmp_path):
     directory = tmp_path / "target"
-    checkpoint.save_target(small_target("qwen3", seed=15), directory)
+    checkpoint_writer.save_target(small_target("qwen3", seed=15), directory)
     return directory
 
 
@@ -124,7 +125,7 @@ def _edit_tensors(directory, edit):
     path = directory / "model.safetensors"
     tensors = checkpoint.read_file(path)
     edit(tensors)
-    checkpoint.write_file(path, tensors)
+    checkpoint_writer.write_file(path, tensors)
     return path
 
 
@@ -155,7 +156,7 @@ def test_misshaped_tensor_is_named_with_both_shapes(saved_target):
 
 
 def test_lm_head_in_a_tied_checkpoint_is_unexpected(tmp_path):
-    checkpoint.save_target(small_target("qwen3", tie=True), tmp_path)
+    checkpoint_writer.save_target(small_target("qwen3", tie=True), tmp_path)
     _edit_tensors(tmp_path, lambda t: t.update({"lm_head.weight": torch.zeros(61, 32)}))
     with pytest.raises(CheckpointError, match=r"unexpected tensor lm_head\.weight .*tie_word_embeddings"):
         _load(tmp_path)
@@ -198,7 +199,7 @@ def test_config_json_errors_name_the_key(saved_target, change, message):
 def test_a_llama_config_derives_what_transformers_derives(tmp_path):
     """LlamaConfig derives a missing num_key_value_heads (= num_attention_heads) and head_dim
     (= hidden_size / num_attention_heads) and defaults rope_theta to 10000; so do we."""
-    directory = checkpoint.save_target(small_target("llama", seed=4), tmp_path / "llama")
+    directory = checkpoint_writer.save_target(small_target("llama", seed=4), tmp_path / "llama")
     path = directory / "config.json"
     data = json.loads(path.read_text())
     for key in ("num_key_value_heads", "head_dim", "rope_theta"):
@@ -226,7 +227,7 @@ def test_broken_files_are_named(tmp_path, saved_target):
 
 def test_a_tensor_in_two_shards_is_refused(saved_target):
     tensors = checkpoint.read_file(saved_target / "model.safetensors")
-    checkpoint.write_file(saved_target / "extra.safetensors", {"model.norm.weight": tensors["model.norm.weight"]})
+    checkpoint_writer.write_file(saved_target / "extra.safetensors", {"model.norm.weight": tensors["model.norm.weight"]})
     with pytest.raises(CheckpointError, match=r"tensor model\.norm\.weight is in both"):
         _load(saved_target)
 
@@ -234,7 +235,7 @@ def test_a_tensor_in_two_shards_is_refused(saved_target):
 @pytest.fixture
 def saved_drafter(tmp_path):
     directory = tmp_path / "drafter"
-    checkpoint.save_drafter(small_drafter(), directory)
+    checkpoint_writer.save_drafter(small_drafter(), directory)
     return directory
 
 
@@ -291,7 +292,7 @@ def test_model_names_that_are_neither_preset_nor_directory(tmp_path):
 
 def test_cli_reports_a_bad_checkpoint_without_a_traceback(tmp_path, saved_target, capsys):
     _edit_tensors(saved_target, lambda t: t.pop("model.norm.weight"))
-    checkpoint.save_drafter(small_drafter(), tmp_path / "drafter")
+    checkpoint_writer.save_drafter(small_drafter(), tmp_path / "drafter")
     cfg = {"program": "dflash", "variant": "greedy",
            "model": {"target": str(saved_target), "drafter": str(tmp_path / "drafter")},
            "limits": {"max_rows": 16, "max_owners": 2, "max_seq_len": 32}}
@@ -305,8 +306,8 @@ def test_cli_reports_a_bad_checkpoint_without_a_traceback(tmp_path, saved_target
 
 def test_checkpoint_config_builds_the_same_program_as_the_models(tmp_path):
     target, drafter = small_target("llama", seed=16), small_drafter(seed=17)
-    checkpoint.save_target(target, tmp_path / "t")
-    checkpoint.save_drafter(drafter, tmp_path / "d")
+    checkpoint_writer.save_target(target, tmp_path / "t")
+    checkpoint_writer.save_drafter(drafter, tmp_path / "d")
     cfg = config.from_dict({"program": "dflash", "variant": "greedy",
                             "model": {"target": str(tmp_path / "t"), "drafter": str(tmp_path / "d")},
                             "limits": {"max_rows": 16, "max_owners": 2, "max_seq_len": 32}})

@@ -12,8 +12,9 @@ import yaml
 
 from dflash_et import cli
 from dflash_et.export import artifact, check, config, driver, exporter, methods
-from dflash_et.export.models import checkpoint, layers
+from dflash_et.export.models import layers
 
+import checkpoint_writer
 from test_models import small_drafter, small_target
 
 CONFIGS = ("tiny-dflash-greedy", "tiny-dflash-sampling")
@@ -195,8 +196,8 @@ def test_presets_written_as_checkpoints_export_the_same_program(tiny, tmp_path):
     # tiny + tiny-dflash -> HF Qwen3 and z-lab files -> the real loader -> the same .pte bytes
     cfg, directory = tiny["tiny-dflash-greedy"]
     spec = methods.build(cfg)
-    checkpoint.save_target(spec.methods[0].module.target, tmp_path / "qwen3")
-    checkpoint.save_drafter(spec.methods[2].module.drafter, tmp_path / "dflash")
+    checkpoint_writer.save_target(spec.methods[0].module.target, tmp_path / "qwen3")
+    checkpoint_writer.save_drafter(spec.methods[2].module.drafter, tmp_path / "dflash")
     from_files = _checkpoint_config(tmp_path, tmp_path / "qwen3", tmp_path / "dflash")
     out = exporter.export_program(from_files, tmp_path / "art")
     assert (out / artifact.PTE).read_bytes() == (directory / artifact.PTE).read_bytes()
@@ -206,8 +207,8 @@ def test_presets_written_as_checkpoints_export_the_same_program(tiny, tmp_path):
 
 def test_llama_checkpoint_round_trip_exports_and_runs(tmp_path):
     rope = layers.Rope(theta=500_000.0, kind="llama3", factor=8.0, original_max_position=16)
-    checkpoint.save_target(small_target("llama", tie=False, bias=True, rope=rope, seed=21), tmp_path / "llama")
-    checkpoint.save_drafter(small_drafter(block_size=3, taps=(2, 1), seed=22), tmp_path / "dflash")
+    checkpoint_writer.save_target(small_target("llama", tie=False, bias=True, rope=rope, seed=21), tmp_path / "llama")
+    checkpoint_writer.save_drafter(small_drafter(block_size=3, taps=(2, 1), seed=22), tmp_path / "dflash")
     cfg = _checkpoint_config(tmp_path, tmp_path / "llama", tmp_path / "dflash", max_rows=20, max_owners=4,
                              max_seq_len=48)
     directory = exporter.export_program(cfg, tmp_path / "art")

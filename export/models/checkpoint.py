@@ -1,4 +1,4 @@
-"""Local Hugging Face-style checkpoints: `config.json` + `*.safetensors`, read and written.
+"""Local Hugging Face-style checkpoints: `config.json` + `*.safetensors`, read.
 
 Targets: `model_type` qwen3 (`Qwen3ForCausalLM`) or llama (`LlamaForCausalLM`),
 HF tensor names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj
@@ -13,7 +13,7 @@ tensor present must be needed (HF's non-persistent `rotary_emb.inv_freq` is the
 only thing skipped); errors name the tensor and the file. Float tensors are
 cast to the model dtype.
 
-safetensors is read and written here directly (8-byte little-endian header
+safetensors is read here directly (8-byte little-endian header
 length, JSON header `{name: {dtype, shape, data_offsets}}`, raw little-endian
 data), memory-mapped, so loading needs no extra dependency and a bad file gets
 an error that names it.
@@ -126,30 +126,6 @@ def read_file(path: Path) -> dict[str, torch.Tensor]:
             return {name: read_tensor(e, mapped) for name, e in entries.items()}
         finally:
             mapped.close()
-
-
-def write_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write `tensors` as one safetensors file (names sorted, header padded to 8 bytes)."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
-        if t.dtype not in ST_NAMES:
-            raise ValueError(f"cannot write tensor {name} of dtype {t.dtype} to safetensors")
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {
-            "dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    if metadata:
-        header["__metadata__"] = metadata
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for data in blobs:
-            f.write(data)
 
 
 # ----------------------------------------------------------------------------- directories
@@ -459,80 +435,3 @@ def load_drafter(directory: Path, slots: int, max_seq_len: int, dtype: torch.dty
     state = _load_state(directory, _expected(model), lambda n: n.removeprefix("model."), dtype, "DFlash drafter")
     model.load_state_dict(state, strict=True)
     return model
-
-
-def _rope_json(rope: layers.Rope) -> dict:
-    scaling = None
-    if rope.kind == "llama3":
-        scaling = {
-            "rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-            "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_max_position,
-        }
-    return {"rope_theta": rope.theta, "rope_scaling": scaling}
-
-
-def _dtype_name(model: torch.nn.Module) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def _decoder_json(cfg) -> dict:
-    """The config.json keys a target and a drafter share (Hugging Face names)."""
-    return {
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **_rope_json(cfg.rope),
-        "hidden_act": "silu",
-    }
-
-
-def save_target(model: Target, directory: Path) -> Path:
-    """Write `model` as an HF checkpoint of its family (config.json + model.safetensors)."""
-    cfg = model.cfg
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": [TARGET_TYPES[cfg.family]],
-        "model_type": cfg.family,
-        "vocab_size": cfg.vocab_size,
-        **_decoder_json(cfg),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": cfg.attention_bias,
-        "max_position_embeddings": model.max_seq_len,
-        "torch_dtype": _dtype_name(model),
-    }
-    if cfg.family == "llama":
-        config["mlp_bias"] = cfg.mlp_bias
-    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
-    return directory
-
-
-def save_drafter(model: Drafter, directory: Path) -> Path:
-    """Write `model` in z-lab's DFlash layout (config.json + unprefixed model.safetensors)."""
-    cfg = model.cfg
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": [DRAFTER_ARCHITECTURE],
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "model_type": "qwen3",
-        "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-        **_decoder_json(cfg),
-        "attention_bias": False,
-        "layer_types": ["full_attention"] * cfg.num_layers,
-        "tie_word_embeddings": True,
-        "torch_dtype": _dtype_name(model),
-    }
-    if cfg.vocab_size is not None:
-        config["vocab_size"] = cfg.vocab_size
-    if cfg.num_target_layers is not None:
-        config["num_target_layers"] = cfg.num_target_layers
-    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
-    return directory
