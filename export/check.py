@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import artifact, cases, heads, legal, methods
+from . import artifact, cases, heads, legal, methods, runtime_log
 from .config import ExportConfig
 
 
@@ -43,7 +43,7 @@ def load_program(directory: Path):
 
 def _run(program, name: str, inputs: dict, spec: methods.MethodSpec) -> list[torch.Tensor]:
     method = program.load_method(name)
-    return list(method.execute([inputs[t.name] for t in spec.inputs]))
+    return list(runtime_log.first_call(lambda: method.execute([inputs[t.name] for t in spec.inputs])))
 
 
 def _check_head(program, spec: methods.MethodSpec, cfg_limits, vocab, dtype, runs, g) -> MethodResult:

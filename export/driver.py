@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from . import artifact, methods
+from . import artifact, methods, runtime_log
 from .config import ConfigError, ExportConfig
 
 MODES = ("speculative", "target_only")
@@ -119,7 +119,7 @@ class Program:
         def call(name, args):
             if name not in loaded:
                 loaded[name] = program.load_method(name)
-            return list(loaded[name].execute(args))
+            return list(runtime_log.first_call(lambda: loaded[name].execute(args)))
 
         return cls(spec, call)
 
