@@ -1,8 +1,11 @@
 """`dflash-et`: export DFlash verify heads and programs to ExecuTorch, and check them."""
 
 import argparse
+import contextlib
+import signal
 import sys
 import textwrap
+import threading
 
 from .export import config as config_mod
 
@@ -82,9 +85,46 @@ def _quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
 
 
+@contextlib.contextmanager
+def _noting_interrupts(seen: list):
+    """While in the block, a Ctrl-C (SIGINT) is noted in `seen` and raised as usual. torch can
+    turn the KeyboardInterrupt into another error (a C++ argument parser that was
+    interrupted raises TypeError naming it), so `main` asks `seen`, not the exception type.
+    A SIGINT that is ignored (a background job) stays ignored; off the main thread (where
+    no handler can be set) nothing changes."""
+    if (signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+
+    def note(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _quiet_third_party()
+    interrupts = []
+    try:
+        with _noting_interrupts(interrupts):
+            return _main(args)
+    except Exception:
+        if not interrupts:
+            raise
+    except KeyboardInterrupt:
+        pass
+    print("dflash-et: interrupted; nothing half-written was left behind", file=sys.stderr)
+    return 130
+
+
+def _main(args) -> int:
     from .export import artifact
     from .lowering.errors import LoweringError
 
@@ -105,9 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     except (config_mod.ConfigError, artifact.ArtifactError, LoweringError) as e:
         print(f"dflash-et: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dflash-et: interrupted; nothing half-written was left behind", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":
