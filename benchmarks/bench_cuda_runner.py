@@ -43,8 +43,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg = config.load(args.config)
-    lowering = {k: v for k, v in (("fused_verify", args.fused_verify and args.fused_verify == "true"),
-                                  ("autotune", args.autotune)) if v is not None}
+    lowering = {}
+    if args.fused_verify is not None:
+        lowering["fused_verify"] = args.fused_verify == "true"
+    if args.autotune is not None:
+        lowering["autotune"] = args.autotune
     cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, **lowering))
     out = Path(args.output_dir)
     held = artifact.read_manifest(out)

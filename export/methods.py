@@ -82,8 +82,8 @@ def constant_values(spec: ProgramSpec) -> dict:
     """The constant methods as the lowering takes them, under their method names
     (`CONSTANT_METHODS`): a list of ints becomes one int64 tensor (ExecuTorch would make a
     list several outputs; a C++ runtime reads one tensor)."""
-    return {CONSTANT_METHODS[k]: torch.tensor(v, dtype=torch.int64) if isinstance(v, list) else v
-            for k, v in spec.constants.items()}
+    return {name: torch.tensor(v, dtype=torch.int64) if isinstance(v, list) else v
+            for name, v in constant_names(spec).items()}
 
 
 def constant_names(spec: ProgramSpec) -> dict:
