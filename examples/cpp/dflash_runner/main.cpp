@@ -504,19 +504,18 @@ class DFlashProgram {
   }
 
   void check_contract() {
-    if (!names_.count("get_contract_version")) {
-      if (names_.count("contract_version")) {  // contract_version 1 named its constants without get_
-        bad_input(path_ + " has contract_version " + std::to_string(int_constant("contract_version")) +
-                  "; this runner understands contract_version " + std::to_string(kContractVersion) +
-                  " only: re-export it with this dflash-et, or build the runner of the dflash-et that exported it");
-      }
+    // contract_version 1 named its constants without get_: read either, refuse all but ours.
+    const char* version_name = names_.count("get_contract_version") ? "get_contract_version"
+                               : names_.count("contract_version")   ? "contract_version"
+                                                                    : nullptr;
+    if (version_name == nullptr) {
       bad_input(path_ + " has no 'get_contract_version' method: not a dflash-et program");
     }
-    contract_version = int_constant("get_contract_version");
+    contract_version = int_constant(version_name);
     if (contract_version != kContractVersion) {
       bad_input(path_ + " has contract_version " + std::to_string(contract_version) + "; this runner understands " +
                 "contract_version " + std::to_string(kContractVersion) +
-                " only: build the runner of the dflash-et that exported it");
+                " only: re-export it with this dflash-et, or build the runner of the dflash-et that exported it");
     }
     program = string_constant("get_program");
     if (program != "dflash") {
