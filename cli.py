@@ -21,6 +21,16 @@ examples:
 """
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number (e.g. --jobs 4)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dflash-et",
@@ -43,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--output-dir", default=None, help="artifact directory (default: out/<config name>)")
     e.add_argument("--force", action="store_true",
                    help="overwrite an artifact exported from a different config")
+    e.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                   help="CUDA: compile the methods in N worker processes side by side (default: one per "
+                   "method, at most one per core; 1: in this process)")
 
     c = sub.add_parser(
         "check", help="load an artifact in executorch.runtime, run every method, compare with eager",
@@ -133,7 +146,8 @@ def _main(args) -> int:
         if args.command == "export":
             from .export import exporter
 
-            exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force)
+            exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force,
+                                   jobs=args.jobs)
             return 0
         if args.command == "check":
             from .export import check

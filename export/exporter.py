@@ -1,6 +1,7 @@
 """Config -> `.pte`: trace every method, lower, serialize, write the artifact."""
 
 import contextlib
+import dataclasses
 import platform
 import warnings
 from pathlib import Path
@@ -9,6 +10,7 @@ import torch
 
 from .. import __version__
 from . import artifact, boundary, methods
+from . import config as config_mod
 from .config import ExportConfig
 
 
@@ -64,6 +66,20 @@ def trace(spec: methods.ProgramSpec, progress: artifact.Progress, device: str = 
     return programs
 
 
+def traced_cuda_method(method: str, config: dict, device: str = "cuda") -> dict:
+    """{method: its traced program, heads fused or stripped} for the CUDA config `config`
+    (`ExportConfig.to_dict()`): what `export_program` hands the CUDA lowering, made again in
+    a worker process of lowering/parallel_compile.py."""
+    from ..lowering import cuda as cuda_lowering
+
+    cfg = config_mod.from_dict(config)
+    spec = methods.build(cfg)
+    spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name == method])
+    programs = trace(spec, artifact.Progress(total=1), device=device)  # to the worker's log
+    cuda_lowering.prepare(programs, spec, cfg)
+    return programs
+
+
 def executorch_config(spec: methods.ProgramSpec):
     """`to_executorch` settings: with shared state, mutable buffers (KV caches) are planned
     once for the whole program, keyed by their names, so a write by one method is read by
@@ -102,10 +118,16 @@ def lower_portable(
 
 
 def export_program(
-    cfg: ExportConfig, output_dir: str | Path, force: bool = False, progress: artifact.Progress | None = None
+    cfg: ExportConfig,
+    output_dir: str | Path,
+    force: bool = False,
+    progress: artifact.Progress | None = None,
+    jobs: int | None = None,
 ) -> Path:
     """Export `cfg` into `output_dir`; returns the directory. Raises before writing anything
-    when the directory holds another config's artifact and `force` is off."""
+    when the directory holds another config's artifact and `force` is off. `jobs`: CUDA
+    only, worker processes compiling the methods side by side (default: one per method,
+    at most one per core; 1 compiles in this process)."""
     out = Path(output_dir)
     artifact.check_overwrite(out, cfg.digest(), force)
     spec = methods.build(cfg)
@@ -118,7 +140,9 @@ def export_program(
     programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
     if cfg.backend == "cuda":
         with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
-            files, lowering_report = cuda_lowering.lower(programs, spec, cfg, say=progress.say)
+            files, lowering_report = cuda_lowering.lower(
+                programs, spec, cfg, say=progress.say, jobs=jobs,
+                producer=(f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}))
         fused = lowering_report["fused_heads"]
         progress.say("fused verify heads: " + ", ".join(
             f"{name} {len(heads)}" + (f" ({', '.join(heads)})" if heads else "") for name, heads in fused.items())

@@ -8,8 +8,7 @@ descriptive in 1.5; 1.5 adds device propagation and different blob keys, both
 handled inside ExecuTorch; the .ptd comes from `write_tensor_data_to_file`).
 """
 
-import contextlib
-import inspect
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +19,11 @@ from ..export import artifact, boundary, methods
 from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, head_paths
+from . import parallel_compile
+from .parallel_compile import classmethod_replaced, compiled_by_workers
 
 PTD = "aoti_cuda_blob.ptd"
+KERNELS = __name__.rsplit(".", 2)[0] + ".kernels"  # the module that registers torch.ops.dflash
 
 
 def require_cuda() -> None:
@@ -64,21 +66,11 @@ def _partitioners(methods: list[str]) -> dict:
     return {m: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(m), off])] for m in methods}
 
 
-@contextlib.contextmanager
 def _wrapped(name: str, wrap):
     """Replace CudaBackend's classmethod `name` by `wrap(original_function)` for the block."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
-    own = name in vars(CudaBackend)  # else inherited (AotiBackend's)
-    original = inspect.getattr_static(CudaBackend, name)  # the classmethod object
-    setattr(CudaBackend, name, classmethod(wrap(original.__func__)))
-    try:
-        yield
-    finally:
-        if own:
-            setattr(CudaBackend, name, original)
-        else:
-            delattr(CudaBackend, name)
+    return classmethod_replaced(CudaBackend, name, wrap)
 
 
 def timed_compiles(say):
@@ -116,28 +108,65 @@ def compile_options(mode: str):
     return _wrapped("get_aoti_compile_options", wrap)
 
 
-def lower(programs: dict, spec, cfg, say=lambda text: None) -> tuple[dict[str, bytes], dict]:
-    """(files, report) for a CUDA program; `programs` are the traced methods."""
+def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | None = None):
+    """ExecuTorch's lowering of the traced (fused) methods into CUDA delegates: the
+    EdgeProgramManager. Each method is partitioned and compiled on its own, so a worker
+    process that lowers one method makes the same delegate (parallel_compile.py)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    require_cuda()
-    modules = {m.name: m.module for m in spec.methods}
-    if cfg.lowering.fused_verify:
-        fused = fuse_heads(programs, modules)
-    else:
-        fused = {name: [] for name in programs}
-        for program in programs.values():
-            boundary.strip(program)  # the plain ATen heads go into the delegate
     # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py)
-    with delegate_outputs_in_order(), timed_compiles(say), compile_options(cfg.lowering.autotune):
-        edge = to_edge_transform_and_lower(
+    with delegate_outputs_in_order(), compile_options(autotune):
+        return to_edge_transform_and_lower(
             programs,
             partitioner=_partitioners(list(programs)),
             # The CUDA delegate takes the whole graph; ExecuTorch's official CUDA exports
             # skip the core-ATen check the same way (AOTInductor lowers what it meets).
             compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=methods.constant_values(spec),
+            constant_methods=constant_methods,
         )
+
+
+def default_jobs(methods: int) -> int:
+    """Worker processes of a CUDA export: one per method, at most one per CPU core."""
+    return max(1, min(methods, os.cpu_count() or 1))
+
+
+def compiles(methods: list[str], autotune: str, jobs: int, producer: tuple[str, dict] | None, say):
+    """While lowering: the methods' AOTInductor compiles, in `jobs` worker processes that make
+    each method with `producer` (parallel_compile.py) when both are given, else here, timed."""
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    if jobs <= 1 or len(methods) <= 1 or producer is None:
+        return timed_compiles(say)
+    if not parallel_compile.supported(CudaBackend):
+        say("this ExecuTorch compiles a program's methods together (CudaBackend.preprocess_multimethod): "
+            "compiling them in this process")
+        return timed_compiles(say)
+    return compiled_by_workers(methods, CudaBackend, producer, (f"{__name__}:lower_edge", {"autotune": autotune}),
+                               jobs, preload=(KERNELS,), say=say)
+
+
+def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
+    """Fuse every method's verify heads (`lowering.fused_verify`), or strip their boundary
+    markers so the plain ATen heads go into the delegate. Returns the fused heads by method."""
+    if cfg.lowering.fused_verify:
+        return fuse_heads(programs, {m.name: m.module for m in spec.methods})
+    for program in programs.values():
+        boundary.strip(program)
+    return {name: [] for name in programs}
+
+
+def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = None,
+          producer: tuple[str, dict] | None = None) -> tuple[dict[str, bytes], dict]:
+    """(files, report) for a CUDA program; `programs` are the traced methods. With `producer`
+    ("module:function", options: what makes one method's traced program again, in another
+    process), `jobs` worker processes compile the methods side by side (default
+    `default_jobs`; 1: none)."""
+    require_cuda()
+    fused = prepare(programs, spec, cfg)
+    jobs = default_jobs(len(programs)) if jobs is None else jobs
+    with compiles(list(programs), cfg.lowering.autotune, jobs, producer, say):
+        edge = lower_edge(programs, cfg.lowering.autotune, methods.constant_values(spec))
     program = edge.to_executorch(executorch_config())
     check_bounds(program.buffer, spec)
     files = {artifact.PTE: program.buffer}

@@ -10,7 +10,8 @@ For each region the pass checks the boundary against the head's signature
 (SPEC.md: argument count, dtypes, ranks; the kernel's `supports`) and that nothing
 outside reads the region's insides or the region reads anything but its inputs,
 then inserts the op, rewires every use of the results (keeping their
-`meta["val"]`), erases the region, and leaves the graph signature untouched. All
+`meta["val"]`), erases the region, and renames a method output in the graph signature
+where the head's result was one (kinds and order stay). All
 regions are checked before any is rewritten: a mismatch raises `FuseError` naming
 the node, and the graph is never left half-rewritten.
 """
@@ -151,8 +152,9 @@ def _is_constant(node: fx.Node) -> bool:
     return node.op == "placeholder" and node.name.startswith(("c_", "_lifted_tensor_constant", "lifted_tensor"))
 
 
-def rewrite(graph: fx.Graph, m: Match) -> None:
-    """One op call after the region's last node; outside uses move to it; the region goes."""
+def rewrite(graph: fx.Graph, m: Match) -> dict[str, str]:
+    """One op call after the region's last node; outside uses move to it; the region goes.
+    Returns {old name: new name} of the results that moved."""
     from ..kernels import OPS
 
     with graph.inserting_after(m.nodes[-1]):
@@ -173,6 +175,18 @@ def rewrite(graph: fx.Graph, m: Match) -> None:
         out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in region)
     for node in reversed(m.nodes):
         graph.erase_node(node)
+    return {out.name: new.name for out, new in zip(m.outputs, replacements)}
+
+
+def _rename_outputs(signature, renamed: dict[str, str]) -> None:
+    """A method output that was a head's result is now the op's: its spec names the new node
+    (the program otherwise fails ExportedProgram's validation, e.g. in torch.export.save)."""
+    from torch.export.graph_signature import TensorArgument
+
+    for spec in signature.output_specs:
+        name = getattr(spec.arg, "name", None)
+        if name in renamed:
+            spec.arg = TensorArgument(name=renamed[name])
 
 
 def head_paths(module: torch.nn.Module) -> list[tuple[str, str]]:
@@ -197,8 +211,10 @@ class FuseVerifyHeads:
                 raise FuseError(f"heads at {', '.join(p or '<root>' for p in missing)} matched no region; "
                                 "nothing was rewritten")
         graph = ep.graph_module.graph
+        renamed = {}
         for m in matches:
-            rewrite(graph, m)
+            renamed.update(rewrite(graph, m))
+        _rename_outputs(ep.graph_signature, renamed)
         graph.eliminate_dead_code()  # shape nodes only the head used
         _drop_dead_get_attrs(ep.graph_module)
         graph.lint()

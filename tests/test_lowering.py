@@ -224,12 +224,21 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
               "delegates": {}}
     monkeypatch.setattr(cuda, "require_cuda", lambda: None)
     monkeypatch.setattr(exporter, "trace", lambda spec, progress, device: {})
-    monkeypatch.setattr(cuda, "lower", lambda programs, spec, cfg, say: ({"model.pte": b"pte", cuda.PTD: b"ptd"}, report))
+    handed = {}
+
+    def lower(programs, spec, cfg, say, jobs, producer):
+        handed.update(jobs=jobs, producer=producer)
+        return {"model.pte": b"pte", cuda.PTD: b"ptd"}, report
+
+    monkeypatch.setattr(cuda, "lower", lower)
     stream = io.StringIO()
     directory = exporter.export_program(config.load("heads-sampling-cuda"), tmp_path / "x",
                                         progress=artifact.Progress(9, stream=stream))
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
+    # the workers of the parallel compile remake each method from the same config
+    assert handed == {"jobs": None, "producer": (f"{exporter.__name__}:traced_cuda_method",
+                                                 {"config": config.load("heads-sampling-cuda").to_dict()})}
 
 
 def test_cuda_programs_take_their_inputs_by_pointer():

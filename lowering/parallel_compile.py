@@ -1,0 +1,234 @@
+"""A program's delegates compiled side by side, one worker process per method.
+
+AOTInductor's compile of a method (its re-trace, Triton code generation, GEMM
+autotuning, the C++ build) is most of a CUDA export's time, and ExecuTorch runs the
+methods' compiles one after another. Here each method is made again and lowered on
+its own in a worker process (`python -m dflash_et.lowering.parallel_compile WORKDIR
+METHOD`), while this process lowers every method as usual with the backend's
+`preprocess` replaced: a call waits for the workers and takes the result they made
+for the same input. (A worker makes its method with the producer rather than loading
+this process's program: `torch.export.save` / `load` of a traced DFlash method did not
+round-trip, the loaded program failing ExecuTorch's decompositions on its unbacked
+symbols.)
+
+"The same input" is checked, not assumed: both sides hash what `preprocess` is
+handed (every graph's code, the signature, the weights and constants with their
+bytes, the compile specs). A call whose hash no worker produced compiles here, as without
+workers, and says so. A failed worker fails the export with its log's tail; any
+exit (an error, Ctrl-C) stops the workers still running.
+
+A worker runs two functions named `module:function`: the producer,
+`producer(method, **producer_options)`, returns {method: ExportedProgram} as this
+process has it before lowering; the recipe, `recipe(programs, **options)`, lowers
+them as this process does. The recipe must lower a program the same way whatever the
+other programs are (ExecuTorch partitions and compiles each method on its own).
+"""
+
+import concurrent.futures
+import contextlib
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import LoweringError
+
+LOG_TAIL = 4000  # characters of a failed worker's log in the error
+
+
+def fingerprint(program, compile_specs) -> str:
+    """What a backend's `preprocess` compiles: graphs, signature, weights and constants
+    (names, shapes, dtypes, bytes), compile specs."""
+    h = hashlib.sha256()
+    for name, module in program.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            h.update(f"{name}\n{module.code}".encode())
+    h.update(str(program.graph_signature).encode())
+    tensors = {**program.state_dict, **program.constants}
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}:{tuple(getattr(t, 'shape', ()))}:{getattr(t, 'dtype', type(t).__name__)}".encode())
+        if isinstance(t, torch.Tensor) and t.numel():
+            h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().data)
+    for spec in compile_specs:
+        h.update(spec.key.encode() + b"=" + bytes(spec.value))
+    return h.hexdigest()
+
+
+def supported(backend: type) -> bool:
+    """Whether `backend` compiles each method on its own (its `preprocess`), which workers can
+    do apart. A backend with its own `preprocess_multimethod` compiles a program's methods
+    together (ExecuTorch 1.5's CudaBackend: one weight store for all methods)."""
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    def function(owner):
+        return inspect.getattr_static(owner, "preprocess_multimethod").__func__
+
+    return function(backend) is function(BackendDetails)
+
+
+def _resolve(path: str):
+    module, _, name = path.partition(":")
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+@contextlib.contextmanager
+def classmethod_replaced(owner: type, name: str, make):
+    """Replace the classmethod `owner.name` by `make(original_function)` for the block
+    (restored after, also when it was inherited)."""
+    own = name in vars(owner)
+    original = inspect.getattr_static(owner, name)  # the classmethod object
+    setattr(owner, name, classmethod(make(original.__func__)))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
+class Workers:
+    """The running workers of one lowering; `take` is the replaced `preprocess`'s lookup."""
+
+    def __init__(self, workdir: Path, methods: list[str], jobs: int, say):
+        self.workdir, self.say = workdir, say
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="compile")
+        self._futures = {m: self._pool.submit(self._run, m) for m in methods}
+        self._results: dict[str, tuple] = {}  # fingerprint -> (method, result)
+
+    def _run(self, method: str) -> dict[str, tuple]:
+        if self._stopped.is_set():
+            return {}
+        log = self.workdir / f"{method}.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # A cache per method: two compiles of one kernel side by side in one cache raced
+        # (one link step found the other's object files gone).
+        base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _default_cache_dir()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / f"dflash-method-{method}")
+        start = time.perf_counter()
+        with open(log, "wb") as out, self._lock:
+            if self._stopped.is_set():
+                return {}
+            proc = subprocess.Popen([sys.executable, "-m", __name__, str(self.workdir), method],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env)
+            self._procs[method] = proc
+        code = proc.wait()
+        if code != 0:
+            if self._stopped.is_set():
+                return {}
+            tail = log.read_text(errors="replace")[-LOG_TAIL:]
+            raise LoweringError(f"compiling {method} in a worker process failed (exit {code}); the end of its "
+                                f"log ({log}):\n{tail}")
+        with open(self.workdir / f"{method}.result", "rb") as f:
+            found = pickle.load(f)
+        for seconds in found["seconds"]:
+            self.say(f"{method}: compiled in {seconds:.1f}s by its worker "
+                     f"({time.perf_counter() - start:.1f}s with the worker's start)")
+        return {fp: (method, result) for fp, result in found["results"]}
+
+    def take(self, fp: str):
+        """The workers' result for the input with fingerprint `fp`, or None when none made it.
+        Waits for the workers in method order (this process lowers the methods in that order)."""
+        for method, future in self._futures.items():
+            if fp in self._results:
+                break
+            self._results.update(future.result())
+        found = self._results.pop(fp, None)
+        return None if found is None else found[1]
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            for proc in self._procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _default_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return default_cache_dir()
+
+
+@contextlib.contextmanager
+def compiled_by_workers(methods: list[str], backend, producer: tuple[str, dict], recipe: tuple[str, dict],
+                        jobs: int, preload: tuple[str, ...] = (), say=lambda text: None):
+    """While lowering `methods`: `backend`'s compiles run in up to `jobs` worker processes,
+    each making one method with `producer` and lowering it with `recipe` (both
+    ("module:function", options)); a worker imports `preload` first."""
+    if not supported(backend):
+        raise LoweringError(f"{backend.__name__} compiles a program's methods together; they cannot be "
+                            "compiled in separate processes (export with --jobs 1)")
+    with tempfile.TemporaryDirectory(prefix="dflash-compile-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "job.json").write_text(json.dumps({
+            "producer": producer, "recipe": recipe, "preload": list(preload),
+            "backend": f"{backend.__module__}:{backend.__qualname__}",
+        }))
+        say(f"compiling {len(methods)} methods in {min(jobs, len(methods))} worker processes")
+        workers = Workers(workdir, list(methods), jobs, say)
+
+        def make(original):
+            def preprocess(cls, edge_program, compile_specs):
+                result = workers.take(fingerprint(edge_program, compile_specs))
+                if result is None:
+                    say("a delegate's input differs from every worker's: compiling it in this process")
+                    return original(cls, edge_program, compile_specs)
+                return result
+            return preprocess
+
+        try:
+            with classmethod_replaced(backend, "preprocess", make):
+                yield
+        finally:
+            workers.stop()
+
+
+def work(workdir: Path, method: str) -> None:
+    """A worker: make `method` with the job's producer, lower it with its recipe, and store
+    every result of the backend's `preprocess` under the fingerprint of its input."""
+    job = json.loads((workdir / "job.json").read_text())
+    for module in job["preload"]:
+        importlib.import_module(module)
+    backend = _resolve(job["backend"])
+    (producer, producer_options), (recipe, options) = job["producer"], job["recipe"]
+    programs = _resolve(producer)(method, **producer_options)
+    results, seconds = [], []
+
+    def make(original):
+        def preprocess(cls, edge_program, compile_specs):
+            start = time.perf_counter()
+            result = original(cls, edge_program, compile_specs)
+            seconds.append(time.perf_counter() - start)
+            results.append((fingerprint(edge_program, compile_specs), result))
+            return result
+        return preprocess
+
+    with classmethod_replaced(backend, "preprocess", make):
+        _resolve(recipe)(programs, **options)
+    tmp = workdir / f".{method}.result.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump({"results": results, "seconds": seconds}, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, workdir / f"{method}.result")
+
+
+if __name__ == "__main__":
+    work(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,100 @@
+"""The CUDA lowering's methods compiled in worker processes (lowering/parallel_compile.py)
+give the same program as compiling them in one process. Without a GPU: CudaBackend's real
+`preprocess` runs with AOTInductor replaced by tests/fake_cuda_compile.py, whose output is
+a hash of the graph and weights it was handed, so a worker that compiled another graph, or
+bytes put under another method's name, changes the files."""
+
+import copy
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import fake_cuda_compile
+import pytest
+
+from dflash_et.export import artifact, config, methods
+from dflash_et.export import exporter
+from dflash_et.export.exporter import trace
+from dflash_et.lowering import cuda
+from dflash_et.lowering.errors import LoweringError
+from dflash_et.lowering.parallel_compile import compiled_by_workers
+
+METHODS = ("target_verify", "draft_forward")  # the fused verify head and KV-cache writes; the drafter
+
+
+def _config():
+    cfg = config.load("tiny-dflash-greedy-cuda")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """The tiny greedy CUDA program's METHODS, traced and fused on the CPU (float32), as
+    export_program hands them to the CUDA lowering."""
+    cfg = _config()
+    spec = methods.build(cfg)
+    spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name in METHODS])
+    programs = trace(spec, artifact.Progress(total=99, stream=open("/dev/null", "w")))
+    cuda.prepare(programs, spec, cfg)
+    return spec, programs
+
+
+@pytest.fixture
+def traced(fused):
+    """A fresh copy of `fused` (lowering changes the programs it is given)."""
+    spec, programs = fused
+    return spec, copy.deepcopy(programs)
+
+
+@pytest.fixture
+def fake_aoti(monkeypatch):
+    fake_cuda_compile.install(monkeypatch.setattr)
+    monkeypatch.setenv("DFLASH_FAKE_AOTI", "1")  # the workers install it too
+    fake_cuda_compile.CALLS.clear()
+    return fake_cuda_compile.CALLS
+
+
+def _files(edge) -> dict[str, bytes]:
+    program = edge.to_executorch(cuda.executorch_config())
+    files = {artifact.PTE: program.buffer}
+    with tempfile.TemporaryDirectory() as tmp:
+        program.write_tensor_data_to_file(tmp)
+        files.update((p.name, p.read_bytes()) for p in Path(tmp).glob("*.ptd"))
+    return files
+
+
+def _lower(traced, recipe=f"{cuda.__name__}:lower_edge", producer=f"{exporter.__name__}:traced_cuda_method",
+           jobs=2, said=None):
+    spec, programs = traced
+    said = [] if said is None else said
+    producer = (producer, {"config": _config().to_dict(), "device": "cpu"})
+    with compiled_by_workers(list(programs), _backend(), producer, (recipe, {"autotune": "gemm"}), jobs,
+                             preload=(cuda.KERNELS, "fake_cuda_compile"), say=said.append):
+        return _files(cuda.lower_edge(programs, "gemm", methods.constant_values(spec)))
+
+
+def _backend():
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    return CudaBackend
+
+
+def test_workers_give_the_program_of_one_process(traced, fake_aoti):
+    """target_verify comes from its worker; draft_forward's worker lowered other weights (the
+    recipe changed one), so that method is compiled here; the files equal one process's."""
+    spec, programs = traced
+    alone = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
+    assert sorted(fake_aoti) == sorted(METHODS) and cuda.PTD in alone
+    fake_aoti.clear()
+    said = []
+    parallel = _lower(traced, recipe="fake_cuda_compile:drafter_perturbed", said=said)
+    assert parallel == alone
+    assert fake_aoti == ["draft_forward"]
+    assert any(s.startswith("target_verify: compiled in") and "by its worker" in s for s in said), said
+    assert sum("differs from every worker's" in s for s in said) == 1, said
+
+
+def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
+    with pytest.raises(LoweringError, match=r"compiling (target_verify|draft_forward) in a worker process failed "
+                                            r"\(exit 1\)(.|\n)*the producer of \w+ broke on purpose"):
+        _lower(traced, producer="fake_cuda_compile:broken", jobs=1)
