@@ -9,8 +9,9 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
   with the ATen heads, which the CPU program equals: tests/test_dflash_program.py), for both
   variants, with owners of mixed sampling parameters that join and leave at different steps
   and a prompt longer than max_rows (chunked prefill); speculative and target-only.
-- bfloat16 exports against the eager bfloat16 modules on the same GPU: same tokens, apart
-  from owners where the compiled and the eager model round differently (counted, reported).
+- bfloat16 exports against the eager bfloat16 modules on the same GPU: teacher-forced, the
+  eager modules decide at least AGREE of the runner's tokens the same (the rest: compiled
+  and eager bf16 round differently; counted, reported).
 - Bad input to the CUDA runner: a clear message and exit status 2.
 - Timings of every method from the runner (--timing) go to $DFLASH_TIMING_OUT when set.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import runner_cli
+import teacher_forcing
 import torch
 import yaml
 
@@ -33,6 +35,7 @@ from dflash_et.export import config, driver, methods
 RUNNER = os.environ.get("DFLASH_CUDA_RUNNER", "")
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_BAD_INPUT = 2
+AGREE = 0.9  # bfloat16: the share of the runner's tokens the eager modules decide the same
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -178,29 +181,27 @@ def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
 
 
 def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):
-    """Reported, not held to token equality: AOTInductor's fused bf16 kernels (and
-    ExecuTorch's Triton SDPA) round differently from eager bf16, and the tiny random model's
-    near-flat rows turn a last-bit logit change into another sampled token (H200, 2026-12-02:
-    2/8 owners identical, first differences at tokens 0-26; float32 is 8/8 above). What is
-    held: the loop's shape (every owner that stays gets max_new tokens), every id in the
-    vocab, and the greedy owners' prefill argmax, which a wrong weight or cache would break.
-    (This form of the check has not run on the GPU yet: it replaced a majority rule the run
-    above failed.)"""
+    """bfloat16: the compiled model (AOTInductor's fused kernels) and the eager modules round
+    differently, and on the tiny random model's near-flat rows a last-bit logit change picks
+    another token, after which two free-running loops share nothing (H200, 2026-12-02: 0/8
+    owners identical, first differences at tokens 0-26). So every token the runner committed
+    is decided again by the eager bf16 modules on the runner's own prefix (teacher-forced,
+    tests/teacher_forcing.py), and at least AGREE of them must be the same. Also held: the
+    loop's shape (every owner that stays gets max_new tokens) and every id in the vocab."""
     program = _eager("sampling-bf16", "cuda")
     owners = _owners(program, seed=7)
-    want = driver.generate(program, owners, mode="speculative")
     got = _runner(artifacts, "sampling-bf16", owners)
-    differ = _differing(got, want, owners)
-    tokens = sum(len(t) for t in got["tokens"].values())
-    print(f"\nbfloat16 sampling: C++ CUDA runner vs eager bf16 on the GPU: {len(owners) - len(differ)}/{len(owners)} "
-          f"owners identical over {tokens} tokens; differing (model rounding, compiled vs eager): {differ}")
     vocab = program.constants["vocab_size"]
+    same = []
     for i, o in enumerate(owners):
-        n = len(got["tokens"][i])  # an owner that leaves early has what its steps committed
+        tokens = got["tokens"][i]
+        n = len(tokens)  # an owner that leaves early has what its steps committed
         assert n == o.max_new if o.leave is None else 1 <= n <= o.max_new, o.describe()
-        assert all(0 <= t < vocab for t in got["tokens"][i])
-        if o.temperature <= 0:
-            assert got["tokens"][i][0] == want.tokens[o.name][0], o.describe()
+        assert all(0 <= t < vocab for t in tokens)
+        same += teacher_forcing.agreement(program, o, tokens)
+    print(f"\nbfloat16 sampling: C++ CUDA runner vs eager bf16 on the GPU, teacher-forced: {sum(same)}/{len(same)} "
+          f"tokens decided the same ({len(same) - sum(same)} differ: model rounding, compiled vs eager)")
+    assert sum(same) >= AGREE * len(same)
 
 
 def _bad_inputs(a: dict) -> dict:
