@@ -14,8 +14,8 @@ TEMPERATURES = [0.0, 0.0, 0.7, 1.0, 1.3, 1e-3, -1.0, float("nan")]
 TOP_PS = [1.0, 1.0, 0.9, 0.5, 0.0, 1e-7, float("nan"), 2.0]
 # The ops' inputs in SPEC.md's order (the keys of `verify_case` / `sample_case`);
 # dflash_verify_argmax takes the first three of VERIFY_INPUTS.
-VERIFY_INPUTS = ("logits", "tokens", "offsets", "start_position", "temperature", "top_k", "top_p", "seed")
-SAMPLE_INPUTS = ("logits", "position", "temperature", "top_k", "top_p", "seed")
+VERIFY_INPUTS = heads.HEADS["dflash_verify"].input_names
+SAMPLE_INPUTS = heads.HEADS["sample_rows"].input_names
 
 
 def _top_ks(vocab: int) -> list[int]:

@@ -48,7 +48,7 @@ def _run(program, name: str, inputs: dict, spec: methods.MethodSpec) -> list[tor
 
 def _check_head(program, spec: methods.MethodSpec, cfg_limits, vocab, dtype, runs, g) -> MethodResult:
     result = MethodResult(spec.name)
-    reference = heads.HEAD_MODULES[spec.head]()  # unrolled searches: the plain reference
+    reference = heads.HEADS[spec.head].module()  # unrolled searches: the plain reference
     for case_no in range(runs):
         if spec.head == "sample_rows":
             inputs = cases.sample_case(g, vocab, cfg_limits.max_rows, dtype)

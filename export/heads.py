@@ -1,8 +1,11 @@
 """The verify heads of SPEC.md as `nn.Module`s: the reference, and what CPU programs run.
 
 One module per head, so the lowering pass can find each head's subgraph by its
-`nn_module_stack` entry (see `HEAD_MODULES`); while exporting, each head also
-marks its exact inputs and outputs (`boundary.py`). Only ops of the portable CPU
+`nn_module_stack` entry; while exporting, each head also marks its exact inputs and
+outputs (`boundary.py`). `HEADS` is the one table of the heads: name, inputs and
+outputs (SPEC.md's order, dtypes, sizes) and reference module. The exported methods,
+the lowering pass's boundary check, the kernels' input checks and op table, and the
+random cases all read it. Only ops of the portable CPU
 kernels are used (no sort, cumprod, multinomial, rand, searchsorted or shifts).
 
 Glossary (SPEC.md): an *owner* is one sequence; owner o owns packed rows
@@ -12,6 +15,8 @@ Glossary (SPEC.md): an *owner* is one sequence; owner o owns packed rows
 *next_token* is y at the first miss (the correction) or after the last draft
 (the bonus).
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -100,10 +105,46 @@ class DFlashVerifyArgmax(nn.Module):
         return mark("dflash_verify_argmax", "outputs", *owners.accept(pairs, y, tokens, logits.shape[-1]))
 
 
-# Head name (the method / op name of SPEC.md) -> module class. The lowering pass
-# and the exporter both read this table.
-HEAD_MODULES: dict[str, type[nn.Module]] = {
-    "sample_rows": SampleRows,
-    "dflash_verify": DFlashVerify,
-    "dflash_verify_argmax": DFlashVerifyArgmax,
-}
+@dataclass(frozen=True)
+class Arg:
+    """One input or output of a head: its SPEC.md name, dtype (None: the logits, a float
+    dtype the program chooses) and sizes ("V" is the vocab; the others name dims)."""
+
+    name: str
+    dtype: torch.dtype | None
+    sizes: tuple[str, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+
+@dataclass(frozen=True)
+class Head:
+    name: str  # the method and `dflash::` op name
+    module: type[nn.Module]  # the reference (and what CPU programs run)
+    inputs: tuple[Arg, ...]
+    outputs: tuple[Arg, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.inputs)
+
+
+def _owner_params(dim: str) -> tuple[Arg, ...]:
+    return (Arg("temperature", torch.float32, (dim,)), Arg("top_k", torch.int64, (dim,)),
+            Arg("top_p", torch.float32, (dim,)), Arg("seed", torch.int64, (dim,)))
+
+
+_PACKED = (Arg("logits", None, ("rows", "V")), Arg("tokens", torch.int64, ("rows",)),
+           Arg("offsets", torch.int64, ("owners+1",)))
+_VERDICT = (Arg("accepted", torch.int64, ("owners",)), Arg("next_token", torch.int64, ("owners",)))
+
+HEADS: dict[str, Head] = {h.name: h for h in (
+    Head("sample_rows", SampleRows,
+         (Arg("logits", None, ("n", "V")), Arg("position", torch.int64, ("n",)), *_owner_params("n")),
+         (Arg("tokens", torch.int64, ("n",)),)),
+    Head("dflash_verify", DFlashVerify,
+         (*_PACKED, Arg("start_position", torch.int64, ("owners",)), *_owner_params("owners")), _VERDICT),
+    Head("dflash_verify_argmax", DFlashVerifyArgmax, _PACKED, _VERDICT),
+)}

@@ -110,42 +110,22 @@ def search_bound(cfg: ExportConfig) -> int | None:
     return None if cfg.backend == "cuda" else cfg.limits.max_rows
 
 
+def head_method(name: str, vocab: int, logits_dtype: torch.dtype, bound: int | None) -> MethodSpec:
+    """A standalone head of SPEC.md as a method: its inputs and outputs from `heads.HEADS`."""
+    head = heads.HEADS[name]
+
+    def tensor(arg: heads.Arg) -> TensorSpec:
+        sizes = tuple(vocab if size == "V" else size for size in arg.sizes)
+        return TensorSpec(arg.name, logits_dtype if arg.dtype is None else arg.dtype, sizes)
+
+    module = head.module() if head.module is heads.DFlashVerifyArgmax else head.module(bound)
+    return MethodSpec(name, module, [tensor(a) for a in head.inputs], [tensor(a) for a in head.outputs], head=name)
+
+
 def head_methods(cfg: ExportConfig, vocab: int, logits_dtype: torch.dtype) -> list[MethodSpec]:
     """The standalone heads of SPEC.md for this variant."""
-    bound = search_bound(cfg)
-    f32, i64 = torch.float32, torch.int64
-    verify_in = [
-        TensorSpec("logits", logits_dtype, ("rows", vocab)),
-        TensorSpec("tokens", i64, ("rows",)),
-        TensorSpec("offsets", i64, ("owners+1",)),
-    ]
-    verify_out = [TensorSpec("accepted", i64, ("owners",)), TensorSpec("next_token", i64, ("owners",))]
-    owner_params = [
-        TensorSpec("start_position", i64, ("owners",)),
-        TensorSpec("temperature", f32, ("owners",)),
-        TensorSpec("top_k", i64, ("owners",)),
-        TensorSpec("top_p", f32, ("owners",)),
-        TensorSpec("seed", i64, ("owners",)),
-    ]
-    if cfg.variant == "greedy":
-        return [
-            MethodSpec("dflash_verify_argmax", heads.DFlashVerifyArgmax(), verify_in, verify_out,
-                       head="dflash_verify_argmax"),
-        ]
-    sample_in = [
-        TensorSpec("logits", logits_dtype, ("n", vocab)),
-        TensorSpec("position", i64, ("n",)),
-        TensorSpec("temperature", f32, ("n",)),
-        TensorSpec("top_k", i64, ("n",)),
-        TensorSpec("top_p", f32, ("n",)),
-        TensorSpec("seed", i64, ("n",)),
-    ]
-    return [
-        MethodSpec("dflash_verify", heads.DFlashVerify(bound), verify_in + owner_params, verify_out,
-                   head="dflash_verify"),
-        MethodSpec("sample_rows", heads.SampleRows(bound), sample_in,
-                   [TensorSpec("tokens", i64, ("n",))], head="sample_rows"),
-    ]
+    names = ["dflash_verify_argmax"] if cfg.variant == "greedy" else ["dflash_verify", "sample_rows"]
+    return [head_method(n, vocab, logits_dtype, search_bound(cfg)) for n in names]
 
 
 def heads_program(cfg: ExportConfig) -> ProgramSpec:

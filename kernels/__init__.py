@@ -11,11 +11,10 @@ sizes, scratch, input checks).
 
 import torch
 
+from ..export.heads import HEADS
 from . import sample_rows, verify, verify_argmax
 
-# Head name (SPEC.md) -> (fused op, supports(logits_dtype, vocab)). The lowering pass reads this.
-OPS = {
-    "sample_rows": (torch.ops.dflash.sample_rows.default, sample_rows.supports),
-    "dflash_verify": (torch.ops.dflash.dflash_verify.default, verify.supports),
-    "dflash_verify_argmax": (torch.ops.dflash.dflash_verify_argmax.default, verify_argmax.supports),
-}
+_MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax}
+# Head name (export/heads.py: HEADS) -> (fused op `dflash::<name>`, supports(logits_dtype, vocab)).
+# The lowering pass reads this.
+OPS = {name: (getattr(torch.ops.dflash, name).default, _MODULES[name].supports) for name in HEADS}

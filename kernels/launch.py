@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
+from ..export.heads import HEADS
 from .filtered import HOT_WORDS, RESULTS, STATS
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -18,8 +19,6 @@ FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
 WORK_SLOTS = HOT_WORDS.value + RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
 
-INT64 = torch.int64
-F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -146,13 +145,13 @@ def check_inputs(op: str, logits: torch.Tensor, **named: torch.Tensor) -> None:
     if logits.stride(-1) != 1:
         raise ValueError(f"dflash::{op}: logits rows must be contiguous (stride(-1) == 1); "
                          "call .contiguous()")
-    want = {"temperature": F32, "top_p": F32}
+    want = {a.name: a for a in HEADS[op].inputs}
     for name, t in named.items():
-        dtype = want.get(name, INT64)
-        if t.dtype != dtype:
-            raise ValueError(f"dflash::{op}: {name} must be {dtype}, got {t.dtype}")
-        if t.dim() != 1:
-            raise ValueError(f"dflash::{op}: {name} must be 1-D, got shape {tuple(t.shape)}")
+        arg = want[name]
+        if t.dtype != arg.dtype:
+            raise ValueError(f"dflash::{op}: {name} must be {arg.dtype}, got {t.dtype}")
+        if t.dim() != arg.rank:
+            raise ValueError(f"dflash::{op}: {name} must be {arg.rank}-D, got shape {tuple(t.shape)}")
         if t.device != logits.device:
             raise ValueError(f"dflash::{op}: {name} is on {t.device}, logits on {logits.device}")
         if not t.is_contiguous():

@@ -22,20 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..export.heads import HEAD_MODULES
+from ..export.heads import HEADS
 from .errors import LoweringError
 
-_HEAD_BY_CLASS = {f"{cls.__module__}.{cls.__qualname__}": name for name, cls in HEAD_MODULES.items()}
-
-# SPEC.md signatures: (dtype, rank) per input; None dtype = the logits (a float dtype).
-SIGNATURES = {
-    "sample_rows": [(None, 2), (torch.int64, 1), (torch.float32, 1), (torch.int64, 1),
-                    (torch.float32, 1), (torch.int64, 1)],
-    "dflash_verify": [(None, 2), (torch.int64, 1), (torch.int64, 1), (torch.int64, 1),
-                      (torch.float32, 1), (torch.int64, 1), (torch.float32, 1), (torch.int64, 1)],
-    "dflash_verify_argmax": [(None, 2), (torch.int64, 1), (torch.int64, 1)],
-}
-OUTPUTS = {"sample_rows": 1, "dflash_verify": 2, "dflash_verify_argmax": 2}
+_HEAD_BY_CLASS = {f"{h.module.__module__}.{h.module.__qualname__}": name for name, h in HEADS.items()}
 
 
 class FuseError(LoweringError):
@@ -107,11 +97,11 @@ def match(ep: torch.export.ExportedProgram) -> list[Match]:
 
 def _check(head, fqn, nodes, inputs, outputs) -> None:
     where = f"head {head} at {fqn or '<root>'}"
-    want = SIGNATURES[head]
+    want = [(a.dtype, a.rank) for a in HEADS[head].inputs]  # None dtype: the logits (a float dtype)
     if len(inputs) != len(want):
         raise FuseError(f"{where}: {len(inputs)} inputs, SPEC.md's signature has {len(want)}")
-    if len(outputs) != OUTPUTS[head]:
-        raise FuseError(f"{where}: {len(outputs)} outputs, SPEC.md's signature has {OUTPUTS[head]}")
+    if len(outputs) != len(HEADS[head].outputs):
+        raise FuseError(f"{where}: {len(outputs)} outputs, SPEC.md's signature has {len(HEADS[head].outputs)}")
     for node, (dtype, rank) in zip(inputs, want):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() != rank or (dtype is not None and val.dtype != dtype):
@@ -191,7 +181,7 @@ def _rename_outputs(signature, renamed: dict[str, str]) -> None:
 
 def head_paths(module: torch.nn.Module) -> list[tuple[str, str]]:
     """(module path, head name) of every head module inside `module` ("" = the module itself)."""
-    classes = {cls: name for name, cls in HEAD_MODULES.items()}
+    classes = {h.module: name for name, h in HEADS.items()}
     return [(path, classes[type(m)]) for path, m in module.named_modules() if type(m) in classes]
 
 

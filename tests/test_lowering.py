@@ -54,7 +54,7 @@ def test_pass_rewrites_exactly_the_heads_and_keeps_the_signature(variant):
                 inp = cases.verify_case(g, 64, 32, 8, torch.float32, greedy_only=m.head == "dflash_verify_argmax")
             args = [inp[t.name].to(DEVICE) for t in m.inputs]
             got = ep.module()(*args)
-            want = heads.HEAD_MODULES[m.head]()(*[a.cpu() for a in args])
+            want = heads.HEADS[m.head].module()(*[a.cpu() for a in args])
             got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
             for a, b in zip(got, want):
                 assert torch.equal(a.cpu(), b), (m.name, inp.get("offsets"))

@@ -50,7 +50,7 @@ def test_rewritten_graph_and_its_compile_match_the_reference_on_gpu(variant):
             else:
                 inp = cases.verify_case(g, vocab, 64, 16, torch.bfloat16, greedy_only=m.head == "dflash_verify_argmax")
             args = [inp[t.name].cuda() for t in m.inputs]
-            want = heads.HEAD_MODULES[m.head]()(*args)
+            want = heads.HEADS[m.head].module()(*args)
             want = want if isinstance(want, tuple) else (want,)
             for impl in (run, compiled):
                 got = impl(*args)

@@ -1,6 +1,7 @@
 """CPU programs: every config exports, every method loads and runs in executorch.runtime
 (a missing portable kernel only shows at load time), and matches the eager reference."""
 
+import dataclasses
 import io
 import json
 
@@ -92,7 +93,8 @@ def test_check_fails_loudly_on_a_wrong_program(builtin_artifacts, monkeypatch):
             accepted, next_token = super().forward(logits, tokens, offsets)
             return accepted, torch.where(next_token >= 0, next_token + 1, next_token)
 
-    monkeypatch.setitem(heads.HEAD_MODULES, "dflash_verify_argmax", OffByOne)
+    monkeypatch.setitem(heads.HEADS, "dflash_verify_argmax",
+                        dataclasses.replace(heads.HEADS["dflash_verify_argmax"], module=OffByOne))
     report = io.StringIO()
     assert not check.check_artifact(cfg, directory, runs=4, stream=report)
     assert "MISMATCH" in report.getvalue() and "check FAILED" in report.getvalue()
