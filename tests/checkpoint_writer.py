@@ -102,7 +102,9 @@ def save_drafter(model: Drafter, directory: Path) -> Path:
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
         **_decoder_json(cfg),
         "attention_bias": False,
-        "layer_types": ["full_attention"] * cfg.num_layers,
+        "layer_types": list(cfg.layer_types or ["full_attention"] * cfg.num_layers),
+        **({"use_sliding_window": True, "sliding_window": cfg.sliding_window} if cfg.sliding_window else {}),
+        **({"is_causal": cfg.is_causal} if cfg.is_causal is not None else {}),
         "tie_word_embeddings": True,
         "torch_dtype": _dtype_name(model),
     }

@@ -3,7 +3,8 @@
 One owner at a time, no caches, no packing, no slots: the target is a causal LM
 over the owner's whole sequence (HF `modeling_qwen3` / `modeling_llama` math),
 the drafter is z-lab's `DFlashDraftModel.forward` over all context features of
-positions < P plus the block at P .. P + block_size - 1 (no mask). Weights are
+positions < P plus the block at P .. P + block_size - 1 (no mask, or for sliding-window
+and causal layers the mask of z-lab's dflash/model.py at 07ebd93, `zlab_visible`). Weights are
 read from the models' state dicts by their HF / z-lab names, so this also
 checks that the modules use each tensor where the checkpoint convention says.
 """
@@ -85,6 +86,23 @@ def taps(outputs, layer_ids) -> torch.Tensor:  # [n, len(taps) * H] (z-lab extra
     return torch.cat([outputs[i] for i in layer_ids], dim=-1)
 
 
+def zlab_visible(cfg, layer: int, q_pos, kv_pos) -> torch.Tensor:  # [q, kv] bool
+    """z-lab 07ebd93: `is_causal` unset makes sliding layers causal; the window counts from
+    the query's absolute position."""
+    layer_type = cfg.layer_types[layer] if cfg.layer_types is not None else "full_attention"
+    causal = layer_type == "sliding_attention" if cfg.is_causal is None else bool(cfg.is_causal)
+    window = cfg.sliding_window if layer_type == "sliding_attention" else None
+    query, key = q_pos[:, None], kv_pos[None, :]
+    visible = torch.ones(len(q_pos), len(kv_pos), dtype=torch.bool)
+    if causal:
+        visible &= key <= query
+    if window is not None:
+        visible &= query - key < window
+        if not causal:
+            visible &= key - query < window
+    return visible
+
+
 def drafter_logits(drafter, target, context: torch.Tensor, pending: int, start: int) -> torch.Tensor:
     """z-lab DFlash forward: context features of positions 0..start-1 ([start, F]), the block
     [pending, mask...] at start..start+bs-1 -> logits [bs - 1, V] for positions start+1.."""
@@ -97,7 +115,6 @@ def drafter_logits(drafter, target, context: torch.Tensor, pending: int, start: 
     x = _w(tstate, "model.embed_tokens.weight")[block]
     q_pos = torch.arange(start, start + bs)
     kv_pos = torch.arange(0, start + bs)
-    everything = torch.ones(bs, start + bs, dtype=torch.bool)
     for i in range(cfg.num_layers):
         p = f"layers.{i}"
         h = rms(x, _w(state, f"{p}.input_layernorm.weight"), cfg.rms_norm_eps)
@@ -108,7 +125,7 @@ def drafter_logits(drafter, target, context: torch.Tensor, pending: int, start: 
         q = rms(q, _w(state, f"{p}.self_attn.q_norm.weight"), cfg.rms_norm_eps)
         k = rms(k, _w(state, f"{p}.self_attn.k_norm.weight"), cfg.rms_norm_eps)
         q, k = rope(q, q_pos, inv_freq), rope(k, kv_pos, inv_freq)
-        x = x + _linear(state, f"{p}.self_attn.o_proj", attention(q, k, v, everything))
+        x = x + _linear(state, f"{p}.self_attn.o_proj", attention(q, k, v, zlab_visible(cfg, i, q_pos, kv_pos)))
         x = x + mlp(state, f"{p}.mlp", rms(x, _w(state, f"{p}.post_attention_layernorm.weight"), cfg.rms_norm_eps))
     out = rms(x, _w(state, "norm.weight"), cfg.rms_norm_eps)
     head = "model.embed_tokens.weight" if tcfg.tie_embeddings else "lm_head.weight"

@@ -58,6 +58,41 @@ def test_drafter_round_trip_in_zlab_layout(tmp_path):
     _same_model(model, loaded)
 
 
+@pytest.mark.parametrize("attention", [
+    {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 3},
+    {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 3, "is_causal": False},
+    {"is_causal": True},
+])
+def test_sliding_window_drafter_round_trip(tmp_path, attention):
+    model = small_drafter(seed=14, **attention)
+    checkpoint_writer.save_drafter(model, tmp_path)
+    loaded = checkpoint.load_drafter(tmp_path, SLOTS, T, torch.float32)
+    assert loaded.cfg == model.cfg
+    _same_model(model, loaded)
+
+
+@pytest.mark.parametrize("edit,want", [
+    # transformers' Qwen3Config: no use_sliding_window, no window (the sliding layers stay causal)
+    (lambda d: d.update(sliding_window=7), {"sliding_window": None}),
+    # layer_types derived from max_window_layers when windowed
+    (lambda d: d.pop("layer_types") and d.update(use_sliding_window=True, sliding_window=7, max_window_layers=1),
+     {"layer_types": ("full_attention", "sliding_attention"), "sliding_window": 7}),
+    (lambda d: d.pop("layer_types") and d.update(use_sliding_window=True, sliding_window=7), {"layer_types": None}),
+    # is_causal where vLLM reads it
+    (lambda d: d["dflash_config"].update(causal=False), {"is_causal": False}),
+    (lambda d: d["dflash_config"].update(is_causal=True, causal=False), {"is_causal": True}),
+    (lambda d: d.update(is_causal=False) or d["dflash_config"].update(is_causal=True), {"is_causal": False}),
+])
+def test_drafter_attention_keys_are_read_as_transformers_and_vllm_do(saved_drafter, edit, want):
+    path = saved_drafter / "config.json"
+    data = json.loads(path.read_text())
+    data["layer_types"] = ["sliding_attention", "full_attention"]
+    edit(data)
+    path.write_text(json.dumps(data))
+    cfg = checkpoint.drafter_config(saved_drafter)
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
 def test_drafter_config_spellings(tmp_path):
     model = small_drafter(seed=13)
     checkpoint_writer.save_drafter(model, tmp_path)
@@ -245,7 +280,14 @@ def saved_drafter(tmp_path):
      r"is not a DFlash drafter"),
     (lambda d: d["dflash_config"].update(target_layer_ids="1,2"), r"target_layer_ids must be a list of integers"),
     (lambda d: d.update(final_logit_softcapping=30.0), r"final_logit_softcapping = 30\.0 is not supported"),
-    (lambda d: d.update(layer_types=["sliding_attention", "full_attention"]), r"sliding-window layers"),
+    (lambda d: d.update(layer_types=["sliding_attention"]), r"drafter layer_types has 1 entries for 2 layers"),
+    (lambda d: d.update(layer_types=["linear_attention", "full_attention"]),
+     r"drafter layer_types \['linear_attention'\] are not supported"),
+    (lambda d: d.update(layer_types="sliding_attention"), r"layer_types must be a list, got .sliding_attention."),
+    (lambda d: d.update(layer_types=[1, 2]), r"layer_types must be a list of strings, got \[1, 2\]"),
+    (lambda d: d.update(use_sliding_window=True, sliding_window=0, layer_types=["sliding_attention"] * 2),
+     r"drafter sliding_window must be a positive integer or absent, got 0"),
+    (lambda d: d.update(is_causal="yes"), r"is_causal must be true or false, got 'yes'"),
     (lambda d: d.update(block_size=1), r"block_size must be in \[2, 64\], got 1"),
     (lambda d: d.pop("block_size"), r"has no block_size \(nor dflash_config\.block_size\); it is required"),
     (lambda d: d.pop("head_dim"), r"has no head_dim: transformers' Qwen3Config"),

@@ -25,10 +25,12 @@ def small_target(family="qwen3", tie=False, bias=False, rope=None, seed=0) -> Ta
     return presets.init_target(Target(cfg, SLOTS, T), seed)
 
 
-def small_drafter(block_size=4, taps=(0, 2), seed=1) -> Drafter:
+def small_drafter(block_size=4, taps=(0, 2), seed=1, **attention) -> Drafter:
+    """`attention`: layer_types / sliding_window / is_causal of DrafterConfig."""
     cfg = DrafterConfig(
         hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=8,
         block_size=block_size, target_layer_ids=taps, mask_token_id=60, rope=layers.Rope(theta=700.0),
+        **attention,
     )
     return presets.init_drafter(Drafter(cfg, SLOTS, T), seed)
 
@@ -122,8 +124,19 @@ def _context_rows(target, drafter, seq, upto):
     return ref.taps(ref.target_forward(target, seq[:upto])[1], drafter.cfg.target_layer_ids).float()
 
 
-def test_drafter_with_context_cache_equals_zlab_forward():
-    target, drafter = small_target(tie=True), small_drafter()
+SLIDING_FULL = ("sliding_attention", "full_attention")
+ATTENTION = {  # drafter layer kinds (z-lab's semantics: tests/dflash_reference.py zlab_visible)
+    "full": {},
+    "sliding causal": {"layer_types": SLIDING_FULL, "sliding_window": 3},  # the window cuts context and block
+    "sliding non-causal": {"layer_types": SLIDING_FULL, "sliding_window": 3, "is_causal": False},
+    "sliding unwindowed": {"layer_types": SLIDING_FULL},  # causal, no window (use_sliding_window unset)
+    "all causal": {"is_causal": True},
+}
+
+
+@pytest.mark.parametrize("attention", list(ATTENTION))
+def test_drafter_with_context_cache_equals_zlab_forward(attention):
+    target, drafter = small_target(tie=True), small_drafter(**ATTENTION[attention])
     a, b = sequences(5, (17, 11))
     ctx_a, ctx_b = _context_rows(target, drafter, a, 17), _context_rows(target, drafter, b, 11)
     prefill, forward = DraftPrefill(drafter), DraftForward(drafter, target)

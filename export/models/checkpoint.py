@@ -29,7 +29,7 @@ import torch
 
 from ..config import ConfigError
 from . import layers
-from .dflash import Drafter, DrafterConfig
+from .dflash import SLIDING, Drafter, DrafterConfig
 from .llama import Target, TargetConfig
 
 CONFIG = "config.json"
@@ -285,10 +285,14 @@ def _check_qwen3_explicit(keys: _Keys) -> None:
             )
 
 
-def _check_plain(keys: _Keys, what: str) -> None:
+def _check_silu(keys: _Keys, what: str) -> None:
     act = keys.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"{keys.path}: hidden_act {act!r} is not supported for the {what}; only silu (SwiGLU)")
+
+
+def _check_plain(keys: _Keys, what: str) -> None:
+    _check_silu(keys, what)
     kinds = set(keys.get("layer_types", None, kind=list) or [])
     if kinds - {"full_attention"} or keys.get("use_sliding_window", False):
         raise CheckpointError(
@@ -348,6 +352,28 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [int(round(start + (i * span) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+def _drafter_attention(keys: _Keys, dflash: dict, num_layers: int) -> dict:
+    """layer_types, sliding_window and is_causal as z-lab's drafter reads them from
+    transformers' Qwen3Config: the window counts only with use_sliding_window (else
+    Qwen3Config sets it to None), missing layer_types are derived (sliding from
+    max_window_layers on, when windowed), and is_causal is read where vLLM reads it
+    (top level, then dflash_config.is_causal, then dflash_config.causal)."""
+    window = keys.get("sliding_window", None, kind=int) if keys.get("use_sliding_window", False, kind=bool) else None
+    types = keys.get("layer_types", None, kind=list)
+    if types is None:
+        first = keys.get("max_window_layers", 28, kind=int)
+        types = [SLIDING if window is not None and i >= first else "full_attention" for i in range(num_layers)]
+    causal = keys.get("is_causal", None, kind=bool)
+    for key in ("is_causal", "causal"):
+        if causal is None:
+            causal = keys.get(key, None, kind=bool, within=dflash)
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise CheckpointError(f"{keys.path}: layer_types must be a list of strings, got {types!r}")
+    sliding = SLIDING in types
+    return {"layer_types": tuple(types) if sliding or set(types) - {"full_attention"} else None,
+            "sliding_window": window if sliding else None, "is_causal": causal}
+
+
 def drafter_config(directory: Path) -> DrafterConfig:
     path = directory / CONFIG
     data = _read_config(directory)
@@ -359,15 +385,13 @@ def drafter_config(directory: Path) -> DrafterConfig:
             f"{path}: architectures {archs} (model_type {data.get('model_type')!r}) is not a DFlash drafter; "
             f"expected {DRAFTER_ARCHITECTURE} with block_size and dflash_config (target_layer_ids, mask_token_id)"
         )
-    _check_plain(keys, "drafter")
+    _check_silu(keys, "drafter")
     _check_qwen3_explicit(keys)  # z-lab's drafters are Qwen3Config models
     neutral_values = (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None))
     for key, neutral in neutral_values:
         value = dflash.get(key, data.get(key, neutral))
         if value != neutral:
             raise CheckpointError(f"{path}: {key} = {value!r} is not supported (only {neutral!r})")
-    if dflash.get("is_causal", data.get("is_causal", False)):
-        raise CheckpointError(f"{path}: is_causal drafters are not supported; DFlash blocks attend non-causally")
     if keys.get("attention_bias", False, kind=bool):
         raise CheckpointError(f"{path}: attention_bias is not supported for DFlash drafters")
     heads = keys.need("num_attention_heads")
@@ -407,6 +431,7 @@ def drafter_config(directory: Path) -> DrafterConfig:
             rope=_rope(keys, 1_000_000.0),
             vocab_size=keys.get("vocab_size", None, kind=int),
             num_target_layers=num_target_layers,
+            **_drafter_attention(keys, dflash, layers_n),
         )
     except ValueError as e:
         if isinstance(e, CheckpointError):

@@ -8,8 +8,15 @@ z-lab architecture (`dflash/model.py`):
 - block stream: the target's embedding of `[pending, mask x (block_size - 1)]`
   at positions `P .. P + block_size - 1` (P = the pending token's position);
 - each layer: pre-norm attention whose queries come from the block and whose
-  keys/values are `[context K/V of positions < P, block K/V]`, with no mask
-  inside the block (non-causal), then a pre-norm SwiGLU MLP; final RMSNorm;
+  keys/values are `[context K/V of positions < P, block K/V]`, then a pre-norm
+  SwiGLU MLP; final RMSNorm. A full-attention layer sees all of them (no mask
+  inside the block: non-causal). A sliding-window layer (`layer_types`
+  "sliding_attention", window W) sees only keys within W of the query's absolute
+  position, and is causal unless the config says `is_causal: false`: the
+  semantics of z-lab's `dflash/model.py` at 07ebd93 (and vLLM's): a query at q sees
+  key k iff q - k < W, and k <= q when causal (else also k - q < W). An explicit
+  `is_causal` applies to every layer. (z-lab's older revision, 7d2ea1e, ran every
+  layer non-causal, the window through flash-attention as |q - k| < W.)
 - logits through the *target's* lm_head; block position i predicts the token at
   position P + i, so positions 1 .. block_size - 1 give the drafts (argmax).
 
@@ -30,6 +37,10 @@ from .. import sampling
 from . import layers, packing
 
 
+SLIDING = "sliding_attention"
+LAYER_TYPES = ("full_attention", SLIDING)
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     hidden_size: int
@@ -45,6 +56,9 @@ class DrafterConfig:
     rope: layers.Rope = field(default_factory=layers.Rope)
     vocab_size: int | None = None  # when the checkpoint says: must equal the target's
     num_target_layers: int | None = None  # likewise
+    layer_types: tuple[str, ...] | None = None  # "full_attention" / "sliding_attention"; None: all full
+    sliding_window: int | None = None  # W of the sliding layers (None: they are not windowed)
+    is_causal: bool | None = None  # None: sliding layers causal, full layers not (z-lab's default)
 
     def __post_init__(self):
         layers.check_decoder_shape(
@@ -55,6 +69,21 @@ class DrafterConfig:
             raise ValueError("drafter target_layer_ids must name at least one target layer")
         if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
             raise ValueError(f"drafter target_layer_ids must be distinct, got {list(self.target_layer_ids)}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"drafter layer_types has {len(self.layer_types)} entries for "
+                                 f"{self.num_layers} layers")
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"drafter layer_types {unknown} are not supported (supported: {', '.join(LAYER_TYPES)})")
+        if self.sliding_window is not None and not (isinstance(self.sliding_window, int) and self.sliding_window >= 1):
+            raise ValueError(f"drafter sliding_window must be a positive integer or absent, got {self.sliding_window!r}")
+
+    def attention(self, layer: int) -> tuple[bool, int | None]:
+        """(causal, window or None) of the layer's attention."""
+        sliding = self.layer_types is not None and self.layer_types[layer] == SLIDING
+        causal = sliding if self.is_causal is None else self.is_causal
+        return causal, self.sliding_window if sliding else None
 
     @property
     def context_width(self) -> int:
@@ -131,14 +160,35 @@ class Drafter(nn.Module):
         positions = torch.clamp(start_position[:, None] + steps[None, :], 0, self.max_seq_len - 1).reshape(-1)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         read_slot = packing.slot_or_scratch(slots, self.slots)
-        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=noise.device)
-        context = (cells[None, :] < start_position[:, None]).unsqueeze(1).expand(owners, length, self.max_seq_len)
-        block = torch.ones(owners, length, length, dtype=torch.bool, device=noise.device)
-        allowed = torch.cat([context, block], dim=-1)  # [O, L, T + L]
+        masks = {}  # (causal, window) -> [O, L, T + L] bool
         x = noise
-        for layer in self.layers:
-            x = layer(x, cos, sin, read_slot, allowed)
+        for i, layer in enumerate(self.layers):
+            kind = self.cfg.attention(i)
+            if kind not in masks:
+                masks[kind] = self._allowed(start_position, length, *kind)
+            x = layer(x, cos, sin, read_slot, masks[kind])
         return self.norm(x)
+
+    def _allowed(self, start_position: torch.Tensor, length: int, causal: bool, window: int | None) -> torch.Tensor:
+        """[O, L, T + L]: which context cells and block keys each block query sees. Query i
+        is at position P + i, context cell c at position c (< P: committed), block key j at
+        P + j."""
+        device = start_position.device
+        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=device)
+        steps = torch.arange(length, dtype=torch.int64, device=device)
+        query = start_position[:, None, None] + steps[None, :, None]  # [O, L, 1]
+        context = cells[None, None, :] < start_position[:, None, None]  # [O, 1, T]
+        if window is not None:
+            context = context & (query - cells[None, None, :] < window)  # c < P <= q: k - q < W holds
+        ahead = steps[None, :] - steps[:, None]  # [L, L]: j - i = key - query
+        block = torch.ones(length, length, dtype=torch.bool, device=device)
+        if causal:
+            block = block & (ahead <= 0)
+        if window is not None:
+            block = block & (-ahead < window) & (ahead < window)
+        owners = start_position.shape[0]
+        return torch.cat([context.expand(owners, length, self.max_seq_len),
+                          block[None].expand(owners, length, length)], dim=-1)
 
 
 def draft_tokens(
