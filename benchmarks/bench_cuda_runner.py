@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import runner_cli  # noqa: E402
 
-from dflash_et.export import artifact, config, driver, exporter, methods  # noqa: E402
+from dflash_et.export import artifact, builder, config, driver, exporter  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         exporter.export_program(cfg, out, force=True)
         export_note = f"export {time.perf_counter() - start:.0f} s"
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     c = spec.constants
     n = args.owners or c["max_owners"]
     g = torch.Generator().manual_seed(0)

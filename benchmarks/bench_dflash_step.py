@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.export import artifact, boundary, config, exporter, methods
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # graph_program
+
+from dflash_et.export import artifact, boundary, builder, config, exporter, methods  # noqa: E402
 
 ROWS_PER_OWNER = 16
 
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from dflash_et.lowering.cuda import fuse_heads
-    from dflash_et.lowering.graph_program import runnable_module
+    from graph_program import runnable_module
 
     cfg = config.load(args.config)
     lines = [
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
         ]
         print("\n".join(lines[-3:]), flush=True)
 
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     verify = next(m for m in spec.methods if m.name == "target_verify")
     quiet = artifact.Progress(9, stream=io.StringIO())
     traced = exporter.trace(methods.ProgramSpec([verify], spec.constants, spec.dims), quiet, device="cuda")

@@ -16,8 +16,8 @@ the same calls. Only token ids, counts and positions are built on the host; the
 `mode="target_only"` is plain decoding with the same program: target_verify on
 the pending token alone (one row per owner per step). The committed tokens of
 both modes must be identical, token for token (SPEC.md), which is what
-`check_program` tests, together with the eager modules giving the same tokens
-as the program and a run whose drafts are known to be right (every one accepted).
+`check.py` tests, together with the eager modules giving the same tokens as the
+program and a run whose drafts are known to be right (every one accepted).
 """
 
 import sys
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from . import artifact, methods, runtime_log
+from . import artifact, builder, methods, runtime_log
 from .config import ConfigError, ExportConfig
 
 MODES = ("speculative", "target_only")
@@ -378,36 +378,6 @@ def compare_drafts(got: Run, want: Run) -> str | None:
     return None
 
 
-def check_program(cfg: ExportConfig, directory: str | Path, spec: methods.ProgramSpec, seed: int = 0) -> list:
-    """The export-and-run check of a DFlash program (called by `check.check_artifact`)."""
-    from .check import MethodResult
-
-    program = Program.load(spec, Path(directory))
-    owners = scenario(program, seed)
-    reference = generate(program, [o.fresh(join=0, leave=None) for o in owners], mode="target_only")
-    speculative = generate(program, owners)
-    oracle = generate(program, owners, oracle=reference.tokens)
-    eager = generate(Program.eager(spec), owners)
-
-    def result(name, pairs, extra=None):
-        r = MethodResult(name, runs=len(pairs), exact=sum(ok for _, ok, _ in pairs))
-        r.problems += [f"{who}: {why}" for who, ok, why in pairs if not ok]
-        if extra:
-            r.problems.append(extra)
-        return r
-
-    verifies = sum(len(s.rows) for s in oracle.steps)
-    missed = sum(a != n for s in oracle.steps for a, n in zip(s.acceptance, s.rows))
-    drafted = sum(n - 1 for s in oracle.steps for n in s.rows)
-    return [
-        result("loop: speculative == target-only", compare(speculative, reference)),
-        result("loop: known-right drafts all accepted", compare(oracle, reference),
-               f"{missed} of {verifies} verify calls rejected a right draft" if missed else
-               None if drafted else "the run verified no drafts"),
-        result("loop: eager == program", compare(eager, speculative), compare_drafts(eager, speculative)),
-    ]
-
-
 def run_cli(cfg: ExportConfig, artifact_dir: str | Path, steps: int = 8, seed: int = 0, stream=None) -> int:
     """`dflash-et run`: the speculative loop on the scenario of `seed`, with statistics."""
     stream = stream or sys.stdout
@@ -420,7 +390,7 @@ def run_cli(cfg: ExportConfig, artifact_dir: str | Path, steps: int = 8, seed: i
         raise ConfigError(f"--steps must be >= 1, got {steps}")
     directory = Path(artifact_dir)
     artifact.open_checked(directory, cfg.digest())
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     program = Program.load(spec, directory)
     owners = scenario(program, seed)
     run = generate(program, owners, max_steps=steps)

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from . import artifact, boundary, methods
+from ..lowering import cuda as cuda_lowering
+from . import artifact, boundary, builder, methods
 from . import config as config_mod
 from .config import ExportConfig
 
@@ -70,10 +71,8 @@ def traced_cuda_method(method: str, config: dict, device: str = "cuda") -> dict:
     """{method: its traced program, heads fused or stripped} for the CUDA config `config`
     (`ExportConfig.to_dict()`): what `export_program` hands the CUDA lowering, made again in
     a worker process of lowering/parallel_compile.py."""
-    from ..lowering import cuda as cuda_lowering
-
     cfg = config_mod.from_dict(config)
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name == method])
     programs = trace(spec, artifact.Progress(total=1), device=device)  # to the worker's log
     cuda_lowering.prepare(programs, spec, cfg)
@@ -130,12 +129,10 @@ def export_program(
     at most one per core; 1 compiles in this process)."""
     out = Path(output_dir)
     artifact.check_overwrite(out, cfg.digest(), force)
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     lowering_stages = 1 if cfg.backend == "cuda" else len(spec.methods) + 1
     progress = progress or artifact.Progress(total=len(spec.methods) + lowering_stages + 1)
     if cfg.backend == "cuda":
-        from ..lowering import cuda as cuda_lowering
-
         cuda_lowering.require_cuda()  # before minutes of tracing
     programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
     if cfg.backend == "cuda":

@@ -144,14 +144,6 @@ def heads_program(cfg: ExportConfig) -> ProgramSpec:
     return ProgramSpec(methods, constants, _dims(cfg))
 
 
-def build(cfg: ExportConfig) -> ProgramSpec:
-    if cfg.program == "heads":
-        return heads_program(cfg)
-    from . import dflash_program  # the target + drafter program
-
-    return dflash_program.build(cfg)
-
-
 def _resolve(size, sizes: dict[str, int]) -> int:
     if isinstance(size, int):
         return size

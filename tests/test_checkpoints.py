@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from dflash_et import cli
-from dflash_et.export import config, methods, models
+from dflash_et.export import builder, config, models
 from dflash_et.export.config import ConfigError, LimitsConfig, ModelConfig
 from dflash_et.export.models import checkpoint, layers, presets
 from dflash_et.export.models.checkpoint import CheckpointError
@@ -353,7 +353,7 @@ def test_checkpoint_config_builds_the_same_program_as_the_models(tmp_path):
     cfg = config.from_dict({"program": "dflash", "variant": "greedy",
                             "model": {"target": str(tmp_path / "t"), "drafter": str(tmp_path / "d")},
                             "limits": {"max_rows": 16, "max_owners": 2, "max_seq_len": 32}})
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     assert spec.constants["target_layer_ids"] == [0, 2] and spec.constants["mask_token_id"] == 60
     _same_model(spec.methods[0].module.target, target)
     _same_model(spec.methods[3].module.drafter, drafter)

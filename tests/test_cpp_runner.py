@@ -19,7 +19,7 @@ import pytest
 import runner_cli
 import yaml
 
-from dflash_et.export import config, driver, methods
+from dflash_et.export import builder, config, driver, methods
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "examples" / "cpp" / "dflash_runner"
@@ -115,7 +115,7 @@ def setup(tmp_path_factory):
 @pytest.fixture(scope="module")
 def programs(setup):
     """The Python reference's view of the same .pte files."""
-    return {v: driver.Program.load(methods.build(config.load(f"tiny-dflash-{v}")), setup[v]) for v in VARIANTS}
+    return {v: driver.Program.load(builder.build(config.load(f"tiny-dflash-{v}")), setup[v]) for v in VARIANTS}
 
 
 def _run(runner: Path, *args: str) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ import teacher_forcing
 import torch
 import yaml
 
-from dflash_et.export import config, driver, methods
+from dflash_et.export import builder, config, driver
 
 RUNNER = os.environ.get("DFLASH_CUDA_RUNNER", "")
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def artifacts(exports):
 
 def _eager(name: str, device: str) -> driver.Program:
     """The config's own modules (ATen heads) on `device`; inputs in, outputs back on the CPU."""
-    spec = methods.build(dataclasses.replace(_config(name), backend="portable"))
+    spec = builder.build(dataclasses.replace(_config(name), backend="portable"))
     table = {m.name: m.module.eval().to(device) for m in spec.methods}
 
     def call(method, args):

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from dflash_et.export import artifact, boundary, config, driver, exporter, methods
+from dflash_et.export import artifact, boundary, builder, config, driver, exporter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -33,9 +33,9 @@ def _quiet():
 
 def _graphs(cfg, fused: bool) -> driver.Program:
     from dflash_et.lowering.cuda import fuse_heads
-    from dflash_et.lowering.graph_program import graph_program
+    from graph_program import graph_program
 
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     programs = exporter.trace(spec, _quiet(), device="cuda")
     if fused:
         fuse_heads(programs, {m.name: m.module for m in spec.methods})
@@ -59,7 +59,7 @@ def test_tiny_dflash_cuda_config_exports_pte_and_ptd(variant, tmp_path):
     seconds = time.perf_counter() - t0
     manifest = json.loads((directory / "manifest.json").read_text())
     assert set(manifest["files"]) == {"model.pte", "aoti_cuda_blob.ptd"}
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     found = delegates((directory / "model.pte").read_bytes())
     assert {m.name: found[m.name] for m in spec.methods} == {m.name: ["CudaBackend"] for m in spec.methods}
     head = "dflash_verify" if variant == "sampling" else "dflash_verify_argmax"
@@ -95,7 +95,7 @@ def test_gpu_loop_float32_commits_the_cpu_programs_tokens(variant, tmp_path):
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))
     cpu_cfg = dataclasses.replace(cfg, backend="portable")
     directory = exporter.export_program(cpu_cfg, tmp_path / "cpu", progress=_quiet())
-    cpu = driver.Program.load(methods.build(cpu_cfg), directory)
+    cpu = driver.Program.load(builder.build(cpu_cfg), directory)
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 on both sides
     try:
@@ -115,7 +115,7 @@ def test_gpu_loop_float32_commits_the_cpu_programs_tokens(variant, tmp_path):
 def test_gpu_loop_bfloat16_against_the_cpu_eager_model(variant):
     cfg = config.load(f"tiny-dflash-{variant}-cuda")
     gpu = _graphs(cfg, fused=True)
-    cpu = driver.Program.eager(methods.build(cfg))  # same bf16 weights, ATen heads, CPU arithmetic
+    cpu = driver.Program.eager(builder.build(cfg))  # same bf16 weights, ATen heads, CPU arithmetic
     owners = driver.scenario(gpu, seed=7, owners=8)
     got = driver.generate(gpu, owners, mode="speculative", max_steps=STEPS)
     want = driver.generate(cpu, owners, mode="speculative", max_steps=STEPS)

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from dflash_et import cli
-from dflash_et.export import artifact, check, config, driver, exporter, methods
+from dflash_et.export import artifact, builder, check, config, driver, exporter, methods
 from dflash_et.export.models import layers
 
 import checkpoint_writer
@@ -36,7 +36,7 @@ def tiny(tmp_path_factory):
 
 
 def _loop(cfg, directory, seed=0):
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     program = driver.Program.load(spec, directory)
     owners = driver.scenario(program, seed)
     reference = driver.generate(program, [o.fresh(join=0, leave=None) for o in owners], mode="target_only")
@@ -47,7 +47,7 @@ def _loop(cfg, directory, seed=0):
 def test_every_method_loads_and_the_check_passes(tiny, name):
     cfg, directory = tiny[name]
     program = check.load_program(directory)
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
     for method in program.method_names:
         program.load_method(method)  # a missing portable kernel fails here
@@ -93,7 +93,7 @@ def test_known_right_drafts_are_all_accepted(tiny, name):
 
 def test_eager_modules_give_the_same_tokens_and_drafts_as_the_program(tiny):
     cfg, directory = tiny["tiny-dflash-sampling"]
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     owners = driver.scenario(driver.Program.eager(spec), seed=4)
     pte = driver.generate(driver.Program.load(spec, directory), owners)
     eager = driver.generate(driver.Program.eager(spec), owners)
@@ -104,7 +104,7 @@ def test_eager_modules_give_the_same_tokens_and_drafts_as_the_program(tiny):
 def test_methods_match_eager_call_by_call(tiny):
     # One call of each model method on the same inputs: same tokens, same hidden rows.
     cfg, directory = tiny["tiny-dflash-sampling"]
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     pte, eager = driver.Program.load(spec, directory), driver.Program.eager(spec)
     g = torch.Generator().manual_seed(5)
     rows = {"offsets": torch.tensor([0, 9, 9, 20]), "start_position": torch.tensor([0, 0, 0]),
@@ -195,7 +195,7 @@ def _checkpoint_config(tmp_path, target_dir, drafter_dir, variant="greedy", **li
 def test_presets_written_as_checkpoints_export_the_same_program(tiny, tmp_path):
     # tiny + tiny-dflash -> HF Qwen3 and z-lab files -> the real loader -> the same .pte bytes
     cfg, directory = tiny["tiny-dflash-greedy"]
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     checkpoint_writer.save_target(spec.methods[0].module.target, tmp_path / "qwen3")
     checkpoint_writer.save_drafter(spec.methods[2].module.drafter, tmp_path / "dflash")
     from_files = _checkpoint_config(tmp_path, tmp_path / "qwen3", tmp_path / "dflash")

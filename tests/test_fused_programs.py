@@ -8,9 +8,9 @@ import io
 import pytest
 from conftest import DEVICE
 
-from dflash_et.export import artifact, config, driver, exporter, methods
+from dflash_et.export import artifact, builder, config, driver, exporter
 from dflash_et.lowering.cuda import fuse_heads
-from dflash_et.lowering.graph_program import graph_program
+from graph_program import graph_program
 
 pytestmark = pytest.mark.xdist_group("fused_programs")  # one worker traces and fuses each config once
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.xdist_group("fused_programs")  # one worker traces and 
 @pytest.fixture(scope="module", params=["greedy", "sampling"])
 def fused(request):
     cfg = config.load(f"tiny-dflash-{request.param}-cuda")
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     programs = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
     report = fuse_heads(programs, {m.name: m.module for m in spec.methods})
     return cfg, spec, programs, report
@@ -42,7 +42,7 @@ def test_every_head_of_every_method_is_fused(fused):
 def test_fused_graphs_commit_the_eager_programs_tokens(fused):
     cfg, spec, programs, _ = fused
     graphs = graph_program(spec, programs, device=DEVICE)
-    eager = driver.Program.eager(methods.build(cfg))
+    eager = driver.Program.eager(builder.build(cfg))
     owners = driver.scenario(graphs, seed=3, owners=4)
     for mode in ("speculative", "target_only"):
         got = driver.generate(graphs, owners, mode=mode, max_steps=6)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from dflash_et.export import artifact, boundary, cases, config, heads, methods
+from dflash_et.export import artifact, boundary, builder, cases, config, heads, methods
 from dflash_et.export.exporter import trace
 from dflash_et.lowering.fuse_verify import FuseError, FuseVerifyHeads, head_paths, match
 
@@ -21,7 +21,7 @@ def _quiet():
 def _traced(variant, vocab=64, logits_dtype="float32"):
     cfg = config.from_dict({"program": "heads", "variant": variant, "logits_dtype": logits_dtype,
                             "heads": {"vocab_size": vocab}, "limits": {"max_rows": 32, "max_owners": 8}})
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     return spec, trace(spec, _quiet())
 
 
@@ -197,7 +197,7 @@ def test_cuda_lowering_hands_each_fused_method_whole_to_aotinductor(monkeypatch)
     monkeypatch.setattr(CudaBackend, "move_program_to_device", classmethod(stop))
     monkeypatch.setattr(cuda, "require_cuda", lambda: None)
     cfg = config.load("heads-sampling-cuda")
-    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
+    spec = builder.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
     programs = trace(spec, _quiet())
     for m in spec.methods:
         one = methods.ProgramSpec([m], spec.constants, spec.dims)
@@ -251,7 +251,7 @@ def test_cuda_programs_take_their_inputs_by_pointer():
     from dflash_et.lowering import cuda
 
     cfg = config.load("heads-greedy")
-    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
+    spec = builder.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64)))
     (m,) = spec.methods
     planned = {}
     for label, emit in (("default", None), ("cuda", cuda.executorch_config())):
@@ -275,7 +275,7 @@ def test_a_narrowed_input_bound_is_an_error_naming_the_input():
     from dflash_et.lowering.errors import LoweringError
 
     cfg = config.load("heads-greedy")
-    spec = methods.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64),
+    spec = builder.build(dataclasses.replace(cfg, heads=config.HeadsConfig(vocab_size=64),
                                              limits=config.LimitsConfig(max_rows=12, max_owners=3)))
     (m,) = spec.methods
     program = trace(spec, _quiet())[m.name]

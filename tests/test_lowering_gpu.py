@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from dflash_et.export import artifact, cases, config, exporter, heads, methods
+from dflash_et.export import artifact, builder, cases, config, exporter, heads
 from dflash_et.lowering.fuse_verify import FuseVerifyHeads
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -25,7 +25,7 @@ def test_cuda_configs_export_pte_and_ptd_with_cuda_delegates(name, tmp_path):
     directory = exporter.export_program(cfg, tmp_path / name)
     manifest = json.loads((directory / "manifest.json").read_text())
     assert set(manifest["files"]) == {"model.pte", "aoti_cuda_blob.ptd"}
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     found = delegates((directory / "model.pte").read_bytes())
     for m in spec.methods:
         assert found[m.name] == ["CudaBackend"], found
@@ -36,7 +36,7 @@ def test_cuda_configs_export_pte_and_ptd_with_cuda_delegates(name, tmp_path):
 @pytest.mark.parametrize("variant", ["greedy", "sampling"])
 def test_rewritten_graph_and_its_compile_match_the_reference_on_gpu(variant):
     cfg = config.load(f"heads-{variant}-cuda")
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     programs = exporter.trace(spec, _quiet(), device="cuda")
     g = torch.Generator().manual_seed(3)
     vocab = cfg.heads.vocab_size
@@ -83,6 +83,6 @@ def test_fused_verify_off_puts_the_aten_head_into_the_cuda_delegate(tmp_path):
     directory = exporter.export_program(cfg, tmp_path / "aten")
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["lowering"]["fused_verify"] is False
-    assert manifest["lowering"]["fused_heads"] == {m.name: [] for m in methods.build(cfg).methods}
+    assert manifest["lowering"]["fused_heads"] == {m.name: [] for m in builder.build(cfg).methods}
     found = delegates((directory / "model.pte").read_bytes())
-    assert all(found[m.name] == ["CudaBackend"] for m in methods.build(cfg).methods), found
+    assert all(found[m.name] == ["CudaBackend"] for m in builder.build(cfg).methods), found

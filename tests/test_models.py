@@ -5,7 +5,7 @@ import dflash_reference as ref
 import pytest
 import torch
 
-from dflash_et.export import config, driver, methods
+from dflash_et.export import builder, config, driver
 from dflash_et.export.config import ExportConfig, LimitsConfig, ModelConfig
 from dflash_et.export.dflash_program import DraftForward, DraftPrefill
 from dflash_et.export.models import Drafter, DrafterConfig, Target, TargetConfig, layers, packing, presets
@@ -194,7 +194,7 @@ def _tiny(variant, **limits) -> ExportConfig:
 
 @pytest.mark.parametrize("variant", ["greedy", "sampling"])
 def test_eager_speculative_loop_equals_target_only(variant):
-    program = driver.Program.eager(methods.build(_tiny(variant)))
+    program = driver.Program.eager(builder.build(_tiny(variant)))
     owners = driver.scenario(program, seed=3, owners=4)
     assert any(len(o.prompt) > 24 for o in owners)  # chunked prefill
     reference = driver.generate(program, [o.fresh(join=0, leave=None) for o in owners], mode="target_only")
@@ -214,7 +214,7 @@ def test_the_loop_check_catches_a_target_that_reads_stale_cache(monkeypatch):
     # decoding must then stop matching target-only decoding.
     real = layers.attend
     monkeypatch.setattr(layers, "attend", lambda q, k, v, allowed: real(q, k, v, torch.ones_like(allowed)))
-    program = driver.Program.eager(methods.build(_tiny("greedy")))
+    program = driver.Program.eager(builder.build(_tiny("greedy")))
     owners = driver.scenario(program, seed=3, owners=3)
     reference = driver.generate(program, [o.fresh(join=0, leave=None) for o in owners], mode="target_only")
     run = driver.generate(program, owners)
@@ -223,8 +223,8 @@ def test_the_loop_check_catches_a_target_that_reads_stale_cache(monkeypatch):
 
 def test_presets_are_deterministic_and_seeded():
     cfg = _tiny("greedy")
-    a, b = methods.build(cfg), methods.build(cfg)
-    c = methods.build(config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "seed": 1}}))
+    a, b = builder.build(cfg), builder.build(cfg)
+    c = builder.build(config.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "seed": 1}}))
     wa, wb, wc = (s.methods[0].module.target.model.embed_tokens.weight for s in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import fake_cuda_compile
 import pytest
 
-from dflash_et.export import artifact, config, methods
+from dflash_et.export import artifact, builder, config, methods
 from dflash_et.export import exporter
 from dflash_et.export.exporter import trace
 from dflash_et.lowering import cuda
@@ -32,7 +32,7 @@ def fused():
     """The tiny greedy CUDA program's METHODS, traced and fused on the CPU (float32), as
     export_program hands them to the CUDA lowering."""
     cfg = _config()
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name in METHODS])
     programs = trace(spec, artifact.Progress(total=99, stream=open("/dev/null", "w")))
     cuda.prepare(programs, spec, cfg)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from dflash_et.export import artifact, check, config, exporter, methods
+from dflash_et.export import artifact, builder, check, config, exporter, methods
 
 pytestmark = pytest.mark.xdist_group("programs")  # one worker exports the built-in programs once
 
@@ -26,7 +26,7 @@ def builtin_artifacts(tmp_path_factory):
 def test_builtin_configs_export_load_and_match_eager(builtin_artifacts, name):
     cfg, directory = builtin_artifacts[name]
     program = check.load_program(directory)
-    spec = methods.build(cfg)
+    spec = builder.build(cfg)
     assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
     for method in program.method_names:
         program.load_method(method)  # raises on a missing kernel

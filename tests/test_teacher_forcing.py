@@ -4,12 +4,12 @@ with every token it generated itself, and not with a token changed behind its ba
 import pytest
 
 import teacher_forcing
-from dflash_et.export import config, driver, methods
+from dflash_et.export import builder, config, driver
 
 
 @pytest.fixture(scope="module")
 def program():
-    return driver.Program.eager(methods.build(config.load("tiny-dflash-sampling")))
+    return driver.Program.eager(builder.build(config.load("tiny-dflash-sampling")))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -16,7 +16,7 @@ dropped too, so the graphs run the same calls the program runs.
 
 import torch
 
-from ..export import driver
+from dflash_et.export import driver
 
 
 def _set_buffer(module: torch.nn.Module, fqn: str, tensor: torch.Tensor) -> None:
