@@ -53,9 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--output-dir", default=None, help="artifact directory (default: out/<config name>)")
     e.add_argument("--force", action="store_true",
                    help="overwrite an artifact exported from a different config")
-    e.add_argument("--jobs", type=_positive, default=None, metavar="N",
-                   help="CUDA: compile the methods in N worker processes side by side (default: one per "
-                   "method, at most one per core; 1: in this process)")
+    e.add_argument("--jobs", type=_positive, default=1, metavar="N",
+                   help="CUDA: compile the methods in N worker processes side by side (default 1: in this "
+                   "process; experimental, see docs/CONTRACT.md)")
 
     c = sub.add_parser(
         "check", help="load an artifact in executorch.runtime, run every method, compare with eager",

@@ -8,7 +8,6 @@ descriptive in 1.5; 1.5 adds device propagation and different blob keys, both
 handled inside ExecuTorch; the .ptd comes from `write_tensor_data_to_file`).
 """
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -126,11 +125,6 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
         )
 
 
-def default_jobs(methods: int) -> int:
-    """Worker processes of a CUDA export: one per method, at most one per CPU core."""
-    return max(1, min(methods, os.cpu_count() or 1))
-
-
 def compiles(methods: list[str], autotune: str, jobs: int, producer: tuple[str, dict] | None, say):
     """While lowering: the methods' AOTInductor compiles, in `jobs` worker processes that make
     each method with `producer` (parallel_compile.py) when both are given, else here, timed."""
@@ -156,15 +150,14 @@ def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
     return {name: [] for name in programs}
 
 
-def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = None,
+def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int = 1,
           producer: tuple[str, dict] | None = None) -> tuple[dict[str, bytes], dict]:
     """(files, report) for a CUDA program; `programs` are the traced methods. With `producer`
     ("module:function", options: what makes one method's traced program again, in another
-    process), `jobs` worker processes compile the methods side by side (default
-    `default_jobs`; 1: none)."""
+    process) and `jobs` > 1, worker processes compile the methods side by side (opt-in: on
+    the H200 the compiles slowed each other and one method's input differed, docs/CONTRACT.md)."""
     require_cuda()
     fused = prepare(programs, spec, cfg)
-    jobs = default_jobs(len(programs)) if jobs is None else jobs
     with compiles(list(programs), cfg.lowering.autotune, jobs, producer, say):
         edge = lower_edge(programs, cfg.lowering.autotune, methods.constant_values(spec))
     program = edge.to_executorch(executorch_config())

@@ -190,7 +190,9 @@ def compiled_by_workers(methods: list[str], backend, producer: tuple[str, dict],
             def preprocess(cls, edge_program, compile_specs):
                 result = workers.take(fingerprint(edge_program, compile_specs))
                 if result is None:
-                    say("a delegate's input differs from every worker's: compiling it in this process")
+                    named = [bytes(c.value).decode(errors="replace") for c in compile_specs if c.key == "method_name"]
+                    say(f"a delegate's input{' (' + named[0] + ')' if named else ''} differs from every worker's: "
+                        "compiling it in this process")
                     return original(cls, edge_program, compile_specs)
                 return result
             return preprocess

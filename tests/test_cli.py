@@ -68,7 +68,7 @@ def test_help_documents_every_command_and_flag(capsys):
     builtin = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
     assert "qwen3-smoke-sampling-cuda" in builtin
     for argv, words in (([], ["export", "check", "run", *builtin]),
-                        (["export"], ["--config", "--output-dir", "--force"]),
+                        (["export"], ["--config", "--output-dir", "--force", "--jobs"]),
                         (["check"], ["--config", "--artifact", "--cases", "--seed"]),
                         (["run"], ["--config", "--artifact", "--steps"])):
         with pytest.raises(SystemExit) as e:
@@ -77,6 +77,14 @@ def test_help_documents_every_command_and_flag(capsys):
         out = capsys.readouterr().out
         for w in words:
             assert w in out
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "two"])
+def test_a_bad_jobs_count_is_refused_with_the_value(capsys, jobs):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["export", "--config", "heads-greedy", "--jobs", jobs])
+    assert e.value.code == 2
+    assert f"'{jobs}' is not a positive whole number (e.g. --jobs 4)" in capsys.readouterr().err
 
 
 def test_export_is_byte_identical_and_guards_other_configs(make_config, tmp_path, capsys):

@@ -237,7 +237,7 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
     # the workers of the parallel compile remake each method from the same config
-    assert handed == {"jobs": None, "producer": (f"{exporter.__name__}:traced_cuda_method",
+    assert handed == {"jobs": 1, "producer": (f"{exporter.__name__}:traced_cuda_method",
                                                  {"config": config.load("heads-sampling-cuda").to_dict()})}
 
 
