@@ -1,3 +1,4 @@
+import fcntl
 import logging
 import os
 import sys
@@ -48,3 +49,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def shared_export(tmp_path_factory):
+    """`shared_export(name)`: the artifact directory of built-in config `name`, exported once
+    per test run and shared by every xdist worker (exports are byte-identical, so whichever
+    worker comes first exports under a file lock and the others read it). Read-only."""
+    from dflash_et.export import config, exporter
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    root = root / "shared-exports"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str) -> Path:
+        target = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (target / "manifest.json").exists():
+                exporter.export_program(config.load(name), target)
+        return target
+
+    return get

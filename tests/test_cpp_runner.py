@@ -86,15 +86,15 @@ def _build_runner(build: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, shared_export):
     """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future' / 'old': artifact directories}.
-    The exports run as parallel processes while the runner builds."""
+    The small heads exports run as parallel processes while the runner builds; the tiny DFlash
+    programs are the run's shared exports (test_dflash_program.py reads them too; this module
+    asks for them in the other order, so two workers export one each)."""
     base = tmp_path_factory.mktemp("cpp_runner")
     heads = _heads_yaml(base)
-    dirs = {v: base / f"tiny-dflash-{v}" for v in VARIANTS} | {k: base / k for k in ("heads", "future", "old")}
+    dirs = {k: base / k for k in ("heads", "future", "old")}
     commands = {
-        **{v: ["-m", "dflash_et.cli", "export", "--config", f"tiny-dflash-{v}", "--output-dir", str(dirs[v])]
-           for v in VARIANTS},
         "heads": ["-m", "dflash_et.cli", "export", "--config", str(heads), "--output-dir", str(dirs["heads"])],
         "future": ["-c", _FUTURE_EXPORT, str(heads), str(dirs["future"])],
         "old": ["-c", _OLD_EXPORT, str(heads), str(dirs["old"])],
@@ -104,6 +104,7 @@ def setup(tmp_path_factory):
                                 env=env, cwd=ROOT) for k, c in commands.items()}
     try:
         runner = _build_runner(base / "build")
+        dirs |= {v: shared_export(f"tiny-dflash-{v}") for v in reversed(VARIANTS)}
     finally:
         logs = {k: j.communicate()[0] for k, j in jobs.items()}
     for k, j in jobs.items():

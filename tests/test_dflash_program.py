@@ -27,12 +27,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    out = {}
-    for name in CONFIGS:
-        cfg = config.load(name)
-        out[name] = (cfg, exporter.export_program(cfg, tmp_path_factory.mktemp(name)))
-    return out
+def tiny(shared_export):
+    return {name: (config.load(name), shared_export(name)) for name in CONFIGS}  # the C++ runner's too
 
 
 def _loop(cfg, directory, seed=0):

@@ -198,19 +198,21 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
     assert unused > 0  # the cases had slots that hold no pair
 
 
-def test_verify_with_more_owners_than_one_layout_step():
-    """The owner-layout walk goes BLOCK_O owners per step, carrying the slot count: 300
-    owners of 0-2 rows (two steps); then a decreasing offset (an invalid owner, and owners
-    near the end whose pairs end past R: not admitted) and a range past R."""
-    assert verify_kernel.BLOCK_O < 300
+def test_verify_with_more_owners_than_one_layout_step(monkeypatch):
+    """The owner-layout walk goes BLOCK_O owners per step, carrying the slot count: 40 owners
+    of 0-2 rows under a BLOCK_O of 16 (three steps; the interpreter walks 256-owner steps too
+    slowly to run enough of them); then a decreasing offset (an invalid owner, and owners near
+    the end whose pairs end past R: not admitted) and a range past R."""
+    monkeypatch.setattr(verify_kernel, "BLOCK_O", 16)
     g = torch.Generator().manual_seed(29)
-    vocab, owners = 16, 300
+    vocab, owners = 16, 40
+    assert owners > 2 * verify_kernel.BLOCK_O
     for case in range(2):
         n = torch.randint(0, 3, (owners,), generator=g)
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)])
         num_rows = int(offsets[-1]) + 2 * (1 - case)  # case 0: two unused slots
-        if case == 1:  # owner 269 invalid, owner 270 takes 6 rows more: the slots run out
-            offsets[270] -= 6
+        if case == 1:  # owner 29 invalid, owner 30 takes 6 rows more: the slots run out
+            offsets[30] -= 6
             offsets[-1] = num_rows + 1  # the last owner's range ends past R: invalid
         inp = {"logits": cases.logits(g, num_rows, vocab, torch.float32),
                "tokens": torch.randint(0, vocab, (num_rows,), generator=g), "offsets": offsets,
@@ -219,7 +221,7 @@ def test_verify_with_more_owners_than_one_layout_step():
         _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
         _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
         if case == 1:  # (the case holds what it says: owners with rows that are not admitted)
-            assert bool(((n[271:] > 0) & (owners_layout.pack_pairs(offsets, num_rows).rows[271:] == 0)).any())
+            assert bool(((n[31:] > 0) & (owners_layout.pack_pairs(offsets, num_rows).rows[31:] == 0)).any())
 
 
 @pytest.mark.quick
