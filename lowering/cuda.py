@@ -125,18 +125,18 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
         )
 
 
-def compiles(methods: list[str], autotune: str, jobs: int, producer: tuple[str, dict] | None, say):
+def compiles(names: list[str], autotune: str, jobs: int, producer: tuple[str, dict] | None, say):
     """While lowering: the methods' AOTInductor compiles, in `jobs` worker processes that make
     each method with `producer` (parallel_compile.py) when both are given, else here, timed."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
-    if jobs <= 1 or len(methods) <= 1 or producer is None:
+    if jobs <= 1 or len(names) <= 1 or producer is None:
         return timed_compiles(say)
     if not parallel_compile.supported(CudaBackend):
         say("this ExecuTorch compiles a program's methods together (CudaBackend.preprocess_multimethod): "
             "compiling them in this process")
         return timed_compiles(say)
-    return compiled_by_workers(methods, CudaBackend, producer, (f"{__name__}:lower_edge", {"autotune": autotune}),
+    return compiled_by_workers(names, CudaBackend, producer, (f"{__name__}:lower_edge", {"autotune": autotune}),
                                jobs, preload=(KERNELS,), say=say)
 
 

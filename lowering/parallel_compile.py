@@ -22,6 +22,10 @@ A worker runs two functions named `module:function`: the producer,
 process has it before lowering; the recipe, `recipe(programs, **options)`, lowers
 them as this process does. The recipe must lower a program the same way whatever the
 other programs are (ExecuTorch partitions and compiles each method on its own).
+
+Opt-in (`dflash-et export --jobs N`): on one GPU the side-by-side compiles slow each
+other, and on the H200 one method's input differed from its worker's
+(docs/CONTRACT.md, "Compiling the methods side by side").
 """
 
 import concurrent.futures
