@@ -2,9 +2,9 @@
 
 `filtered.collect` reads only the (lane, step) pairs whose lane maximum reaches the
 bound, one 16-byte vector per thread and iteration, with an atomic slot per candidate.
-A top-p row collected at its lowest lane maximum reads every pair that way: ~100 us for a
-V = 151936 bf16 row in one program on the H200 (each iteration waits for its load, then
-for its slots). `filtered.collect` leaves such a row to `walk_collect` in the decision's
+A top-p row collected at its lowest lane maximum reads every pair that way, one program
+for the whole row, each iteration waiting for its load and then for its slots: the
+slowest walk of the launch. `filtered.collect` leaves such a row to `walk_collect` in the decision's
 launch (whose registers it fits), where `split_walk` shares it out over 32 programs (each
 walks a chunk); `nucleus.wide_list` collects with it too.
 

@@ -25,9 +25,8 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   the collect's work, and 3 rows). A row collected again at a bound no lane maximum
   reaches (its lanes' maxima never reach the target: a nucleus wide in the body) takes
   every lane: with 512 lanes (8 KB steps) 2900-4300 candidates (over 2 * BUF: the general
-  path, 623 us on the H200), with 256 (the 4 KB steps of `dflash_verify`'s pass) up to
-  ~2100 (simulated, 2048 rows: `benchmarks/simulate_top_p_bounds.py`; 985-1514 seen on
-  the H200).
+  path, the slowest), with 256 (the 4 KB steps of `dflash_verify`'s pass) up to ~2100
+  (simulated, 2048 rows: `benchmarks/simulate_top_p_bounds.py`).
 
 A second pass appends every finite token with key >= theta to the row's candidate
 buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
@@ -35,19 +34,18 @@ step, and the order of the slots does not matter (the candidates are sorted afte
 It reads and computes only on the lanes whose maximum reaches theta: their (lane, step)
 pairs, compacted (`collect`). Where half the lanes or more reach it (a top-p row collected
 again at its lowest lane maximum), that would walk the whole row 16 bytes per thread at a
-time (~100 us in one program on the H200, which the whole FILTERED launch of
-`dflash_verify` waited for): `collect` leaves such a row (count WALK_ROW, its bound in the
-stats) to `filtered_token` in the decision's launch, whose registers hold the wider walk
-of `dense_collect.walk_collect` (~64 us).
+time in one program, which the whole FILTERED launch of `dflash_verify` would wait for:
+`collect` leaves such a row (count WALK_ROW, its bound in the stats) to `filtered_token` in
+the decision's launch, whose registers hold the wider walk of `dense_collect.walk_collect`.
 
 `filtered_token` sorts the candidates in registers and decides there
 (`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
 a top-k row's up to BUF in a further launch, one program per row left undecided.
 A top-p-alone row with more than 256 candidates (up to 2 * BUF) is decided from them by
-searches over the list (`nucleus.py`: faster than the sort of BUF entries on the H200);
+searches over the list (`nucleus.py`: faster than the sort of BUF entries);
 a top-p row whose candidates fall short of the
 target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes),
-without the sorts (~80 us) that could not decide it; for a row whose walk `split_walk`
+without the sorts that could not decide it; for a row whose walk `split_walk`
 shared out, its chunks did both passes, and the stats say what the bins gave (BINS_*).
 Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
 top-p prefix still short of the target take the general path: `sampling_rule.scan_row`

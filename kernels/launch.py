@@ -43,10 +43,9 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     logits: float32 steps of 4096 took 174 registers), per-lane accumulators (`lane_stats`:
     2 lanes per thread at 8 warps). The whole steps
     load without a mask, which keeps the pipeline's registers flat in its depth: 5 stages
-    keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above the
-    ~48 KB that Little's law asks at 4.25 TB/s and ~1.5 us of loaded HBM latency (masked,
-    3 stages took 128 registers and 4 spilled). Measured (ncu, H200), these passes are
-    bound by the ALU pipe, not by bytes in flight: 3 stages ran as fast as 5 except greedy.
+    keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above what
+    Little's law asks of the H200's HBM (masked steps cost registers and spilled). These
+    passes are bound by the ALU pipe rather than by bytes in flight (RESULTS.md, session 17).
     The filtered config decides top-k / top-p rows from their candidates (sorts in
     registers) and runs their general path; smaller blocks keep ptxas under 255 registers
     without spills on sm_90.
@@ -72,19 +71,12 @@ def pass_step(nbytes: int, vocab: int, block: int | None, itemsize: int) -> int:
 def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> RowConfig:
     """The config of `dflash_verify`'s first row launch, which reads every row (decides greedy
     and temperature-only rows, leaves the lanes of top-k / top-p rows for the FILTERED launch),
-    and of its accept launch: 4 KB steps, 4 warps, 5 stages. Registers on sm_90,
-    bf16: 96 with the chunk-end prefixes of f73701a (5 programs, 20 warps per SM; 90 before
-    them, 89 before it ran the top-k / top-p rows' pass too), 48 greedy; float16 96 (107
-    before the prefixes: 4 programs), float32 80 with an 8-byte stack (70 before). The
-    FILTERED path in the same launch had capped both at 128 (16 warps per SM). Measured (H200, 64 x 16 rows, V =
-    151936, bf16; us of the row launches): with one launch for every row, 4 KB / 4 warps
-    against the light 8 KB / 8 warps took the temperature pass 121.9 -> 100.5 us (programs
-    wait at their barriers for 4 warps, not 8); split off, 4 KB / 4 warps 100.3 us, 3 stages
-    103.8, 2 KB / 2 warps 112.4, 8 KB / 8 warps 123.5; then with the smaller layout walk
-    (BLOCK_O 256): 94.9 us (the empty FILTERED launch included), greedy 75.3 us. More warps
-    per SM did not help (5b7ef66: 4 KB / 8 warps, 62 registers, 107.6 us; 2 KB / 4 warps / 8
-    stages, every row resident at once, 100.4 us against 97.3, and the top-k launch doubled:
-    benchmarks/RESULTS.md, session 17). `block` as in `launch_config`."""
+    and of its accept launch: 4 KB steps, 4 warps, 5 stages. Smaller programs than the light
+    config's because this launch's programs wait at their barriers: with 4 warps they wait
+    for fewer, and the registers leave several programs per SM (the FILTERED path is a launch
+    of its own for the same reason). The other shapes tried (2 KB / 2 warps, 8 KB / 8 warps,
+    3 stages, more warps per SM) were slower: benchmarks/RESULTS.md, session 17. `block` as
+    in `launch_config`."""
     block = pass_step(DECIDE_BYTES, vocab, block, itemsize)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 
@@ -115,11 +107,9 @@ def split_rows(vocab: int, block: int, splits: int = SPLITS) -> tuple[int, int]:
 def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
     """(chunk, splits) of `dflash_verify`'s temperature-only rows: the first row launch stores
     a row's prefix mass at each chunk end (a block reduction in its pass), the accept kernel's
-    search reads one chunk. Measured on the H200 (64 x 16 rows, V = 151936 bf16, temperature
-    0.8; row launches + accept): 16 chunks 112.7 + 8.2 us, 8 chunks 106.7 + 10.7 us (the
-    launch that read the chunks instead: 98.2 + 13.4 + 8.2 us). With 16 chunks, a reduction
-    per warp (no block barrier) took the row launches 110.8 us, each lane's (max, mass) stored
-    unreduced (31 MB of writes) 106.9 us and a 13.5 us accept."""
+    search reads one chunk. 8 chunks: fewer reductions in the pass for a slightly longer
+    search, the best of the layouts timed (16 chunks, per-warp reductions, unreduced lane
+    stores, a separate chunk launch: benchmarks/RESULTS.md, session 18)."""
     return split_rows(vocab, block, PREFIX_SPLITS)
 
 

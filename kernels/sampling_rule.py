@@ -48,7 +48,7 @@ LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout 
 # combine_lanes and filtered.collect (one 16-byte load per lane)
 PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
 SEARCH_STAGES = tl.constexpr(3)  # `search_light`'s chunk steps in flight
-SLOW_STAGES = tl.constexpr(2)  # the slow path's passes (measured on the H200: 6 or 12 stages ran slower)
+SLOW_STAGES = tl.constexpr(2)  # the slow path's passes (deeper pipelines ran slower)
 
 
 @triton.jit
@@ -189,8 +189,8 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
         if PREFIXES:
             if start + BLOCK == until:  # (uniform over the program)
                 store_prefix(prefix_ptr, lane_max, lane_mass, scale)
-                prefix_ptr += 2  # (carried: the pair's address computed from `until` instead drops the
-                # float32 instance's 8-byte stack on sm_90, but took bf16's row launches 106.8 -> 109.2 us)
+                prefix_ptr += 2  # (carried: computing the pair's address from `until` instead drops the
+                # float32 instance's 8-byte stack on sm_90 but slowed the bf16 row launches)
                 until = tl.where(until + chunk < vocab, until + chunk, -1)
     if full < vocab:  # the last, partial step
         offs = full + grid
@@ -229,8 +229,7 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     `chunk` logits but the row's last, the row's prefix mass so far (`store_prefix`: a block
     reduction of the lanes) into the word pairs from prefix_ptr, so that a search for the
     token needs to read one chunk (`light_token_from_prefixes`). Each chunk end costs the
-    pass ~0.9 us (H200; a reduction per warp instead, or each lane's pair stored unreduced,
-    cost about as much: `launch.prefix_chunks`)."""
+    pass one block reduction (the alternatives cost about as much: `launch.prefix_chunks`)."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True, prefix_ptr, chunk,
         prefixes, PREFIXES)
@@ -423,8 +422,7 @@ def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.cons
     reduction per step); only the step where the prefix crosses t runs the index-order
     float64 cumsum. [lo, hi) is one chunk of a row (a few steps): the steps are read in a
     software-pipelined loop without an early exit (a loop that exits waits out each step's
-    load: 9.6 us for the accept kernel's chunks of 5 steps on the H200, at 64 owners,
-    V = 151936 bf16). The fallback (rounding left no crossing) scans back from hi, past lo
+    load). The fallback (rounding left no crossing) scans back from hi, past lo
     when [lo, hi) holds no weight (a chunk picked on prefixes whose difference is rounding)."""
     prefix = tl.zeros((), dtype=tl.float64) + prefix0
     token = tl.zeros((), dtype=tl.int64) - 1

@@ -17,28 +17,23 @@ Algorithm, four launches (no host synchronisation between them):
    bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
    the lanes that can hold a candidate; a collect that would read half of them or more
    is left to launch 3), decided there when they have <= 256 candidates (one sort entry
-   per thread). The pass itself stays in launch 1, at its occupancy (90 registers, 20
-   warps per SM on sm_90; the FILTERED instance has 125, 2 programs per SM; with the
-   pass in it, the two top-p row launches took 351.9 us on the H200 at 64 x 16 rows,
-   V = 151936 bf16; 297.3 us with it in launch 1; ~184 us with the whole-row collects
-   left to launch 3).
+   per thread). The pass itself stays in launch 1, at that launch's occupancy: the
+   FILTERED instance needs more registers, and the pass there ran slower
+   (benchmarks/RESULTS.md, sessions 20-21).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
-   registers, the long-list search, the general path; 252 registers on sm_90 (bf16; no
-   stack), 1 program per SM),
-   so the launches above keep their occupancy. The whole-row collects that launch 2
+   registers, the long-list search, the general path: the heaviest code, in a launch of its
+   own so the launches above keep their occupancy). The whole-row collects that launch 2
    queues are split in 32 chunks each, handed out to the programs without a row of their
-   own (`split_walk.py`): those rows had the launch wait ~64 us for one program's walk. The
+   own (`split_walk.py`), so no launch waits for one program's walk of a whole row. The
    same chunks count the row's bins, so a list that falls short of the target gets
    `wide_list`'s bound without its counting pass, and a second round of chunks collects it.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
-   (`sampling_rule.light_token_from_prefixes`). (Before, a launch of (owner, chunk)
-   programs read the row again for chunk stats: 13.4 us at 64 x 16 rows, V = 151936
-   bf16, temperature 0.8, on the H200; the prefixes cost about as much in the first
-   launch, but that launch is gone from the top-k / top-p modes, where it took 4.4 us.)
+   (`sampling_rule.light_token_from_prefixes`), instead of a launch that reads the row
+   again for chunk stats.
 
 Greedy owners take the argmax path inside the same launch. Invalid, empty and
 not-admitted owners give (0, -1) and read nothing.
@@ -182,8 +177,8 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
     pid = tl.program_id(0)
     asked = tl.load(queue_ptr)  # (both loads first: most programs only read these two words)
     own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF)) == FILTERED_ROW
-    if own | (asked > 0):  # (one branch around everything: the empty launch of the light modes stays cheap,
-        # 4.9 us on the H200 at 1024 rows; 10.3 us with the loads and a loop outside one branch)
+    if own | (asked > 0):  # (one branch around everything: the empty launch of the light modes stays cheap;
+        # the loads and a loop outside it doubled that launch's time)
         slot = tl.where(own, pid.to(tl.int64), -1)
         if not own:
             slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
