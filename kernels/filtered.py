@@ -195,8 +195,8 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     pass of 74 steps that computes on every lane). Launch it with 8 warps: the iterations
     are latency-bound (a load, then an atomic per candidate), so the pairs per iteration
     set the time of a top-p row collected at a low bound, which walks its whole row this
-    way (measured on the H200, 4 warps and 128 pairs: ~200 us for that one row; software
-    pipelining of the loop ran slower; 2 pairs per thread took 252 registers on sm_90)."""
+    way (software pipelining of the loop ran slower; 2 pairs per thread took 252 registers on
+    sm_90)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -357,7 +357,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         # The candidates are every token at or above the bound, a prefix of the order: the
         # decision takes all of them (k, not want: with CAP, a top-p row whose nucleus held more
         # than CAP of its <= BUF candidates took the general path and its key searches over the
-        # row, ~1-2 ms in one program on the H200).
+        # row, the slowest path, in one program).
         small = (count >= 0) & (count <= SMALL) & (count <= BUF)  # (BUF < SMALL only with test overrides)
         lo_p = tl.zeros((), dtype=tl.int64) - 1  # unsigned keys known to hold the top-p cut (none yet)
         hi_p = tl.zeros((), dtype=tl.int64) + KEY_TOP
@@ -366,9 +366,8 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                                     listed(buf_ptr, count, BUF, SMALL))
         if not SMALL_ONLY:
             # top-p alone: a list that reaches the target is decided by searches over it
-            # (`nucleus_token`), not sorted: on the H200 (V = 151936 bf16) the sort of BUF = 2048
-            # entries took 65 us in one program whatever the count, the searches 39-59 us for
-            # 171-2247 candidates. A list that falls short cannot decide the row: a list of its own.
+            # (`nucleus_token`), not sorted: the sort of BUF entries costs the same whatever the
+            # count, the searches less. A list that falls short cannot decide the row: a list of its own.
             top_p_alone = use_p & ~use_k
             target = top_p.to(tl.float64) * mass
             reach = ~small & (count >= 0) & (count <= 2 * BUF)

@@ -5,9 +5,9 @@ candidate list (up to 2 * BUF entries: int32 keys, then int32 indices). Up to BU
 the decision sorts them in registers (`sampling_rule.decide_filtered`). An LLM row's
 nucleus can be wider: top-p 0.9 at T = 0.8 over a Gaussian body with a few boosted tokens
 reaches ~2400 tokens, and ~4 rows in 1000 collect 2000-4000 candidates at the second bound
-(simulated on the benchmark's rows; on the H200, 2-6 undecided rows per 1024, counts up to
-3518). Those rows went to the slow path (key searches with passes over the row from HBM
-by one program: ~650 us, which the whole launch waited for). Here the list is
+(simulated on the benchmark's rows; a few such rows per 1024 on the H200 too). Those rows
+went to the slow path (key searches with passes over the row from HBM by one program,
+which the whole launch waited for). Here the list is
 read once into registers (no sort) and SPEC.md's top-p rule runs as searches whose every
 step is PIVOTS masked sums over the list.
 
@@ -35,12 +35,10 @@ pass); a second pass appends every token above the bound (`dense_collect.walk_co
 both passes in its layout: 32 bytes per thread and iteration, 3 stages). The bound is the
 higher of that edge and the bracket's lo below (fewer tokens, still surely reaching the
 target). `split_walk` runs both passes in chunks over many programs and calls
-`wide_bound_of` on the bins they added up. On the H200
-(the benchmark's LLM-like rows, V = 151936 bf16, T = 0.8, top-p 0.9), 7 rows in 4096 had a
-nucleus over 1024 tokens or more candidates than the list holds: nuclei of 1449-2134
-tokens from short lists of 1367-1948 candidates (now decided here), and one of 7982 tokens
-(still the general path and its key searches, ~2 ms in one program). The flat rows of the
-benchmark pay the counting pass: 13.5 -> 14.3 ms for 1024 rows.
+`wide_bound_of` on the bins they added up. On the benchmark's LLM-like rows a few in
+4096 have a nucleus over 1024 tokens or more candidates than the list holds; most are
+decided here, a nucleus of thousands of tokens still takes the general path, and the flat
+rows pay the counting pass (benchmarks/RESULTS.md, session 15 onwards).
 
 The general path gets what the same bins tell (`_cut_bracket`): keys lo <= cut <= hi from
 the bins' mass bounds, a few bins apart (0.25-1.6 units of x / T on the test's rows), which

@@ -2,12 +2,10 @@
 
 `filtered.collect` leaves a top-p row whose bound takes most of its lanes (count WALK_ROW)
 to a whole-row walk (`dense_collect.walk_collect`). Done by the row's own program in
-`verify_filtered_kernel`, that walk took 64 us for V = 151936 bf16 on the H200 (one program
-reads 304 KB at ~5 GB/s) while the launch's other programs had exited: on the benchmark's
-LLM-like rows (64 x 16, T = 0.8, top-p 0.9) each input of 1024 rows had 4-9 such rows, with
-197-2488 candidates, and the launch waited ~130 us for them (the walk, then their sort).
-Where that list fell short of the target (a nucleus below every lane maximum: 1-2 rows per
-1024), `nucleus.wide_list` then took two more single-program passes (~150 us).
+`verify_filtered_kernel`, one program reads the whole row while the launch's other programs
+have exited, and the launch waits for it (and, where that list falls short of the target,
+for two more single-program passes of `nucleus.wide_list`); the benchmark's LLM-like rows
+have a few such rows per 1024 (benchmarks/RESULTS.md, sessions 20-21).
 
 Here the FILTERED row launch queues such rows (`queue_walk`). In the decision launch, every
 program without a row of its own to decide takes chunks by an atomic ticket
