@@ -36,7 +36,7 @@ store, the program's barrier, one atomic with release (acq_rel) at GPU scope; th
 acquire atomic, the program's barrier, its threads' loads. PTX's causality order runs through
 both barriers, so no fence instruction is needed; Triton has one only as inline assembly,
 which torch's mutation analysis cannot read (AOTInductor export then copies every input of
-the kernel, the logits among them: `tests/test_kernels_compile.py`).
+the kernel, the logits among them: `tests/kernels/test_kernels_compile.py`).
 
 A program decides one row at most (the programs with a row of their own take no ticket),
 and the tickets never run out of takers (each queued row's own program has no row of its

@@ -10,7 +10,7 @@
 #   scripts/gpu-checks.sh smoke     the Qwen3-sized CUDA export + one verify step, fused vs ATen head
 #   scripts/gpu-checks.sh runtime   builds the CUDA C++ runner (scripts/build-cuda-runner.sh; ExecuTorch
 #                                   v1.2.0 sources in $ET_SRC, default .et-src) and runs CUDA exports in
-#                                   it against the CPU reference (tests/test_cuda_runner_gpu.py)
+#                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py)
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
@@ -66,7 +66,7 @@ kernels)
   shards=("dtype0-151936 or dtype0-262144" "dtype1-151936 or dtype1-262144")
   shards+=("not (${shards[0]} or ${shards[1]})")
   for i in 0 1 2; do
-    timeout 480 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels_gpu.py -k "${shards[$i]}" \
+    timeout 480 python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py -k "${shards[$i]}" \
       >"$OUT/parity.$i.log" 2>&1 &
   done
   wait
@@ -77,16 +77,16 @@ sanitizer)
   # The small parity suite, and the crafted split-walk cases of test_kernels.py (queued rows
   # walked in chunks by the programs without a row, a second phase waiting on the first).
   DFLASH_GPU_SUITE=small timeout 560 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernels.py \
+    python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels.py \
     -k "parity_on_gpu or split" >"$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
   ;;
 lowering)
-  timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
+  timeout 560 python3 -m pytest -q -s -p no:cacheprovider tests/lowering/test_lowering_gpu.py 2>&1 | tee "$OUT/lowering.log" \
     | grep -E "cuda \{|passed|failed|Error"
   ;;
 dflash)
-  timeout 540 python3 -m pytest -q -s -p no:cacheprovider tests/test_dflash_cuda_gpu.py 2>&1 | tee "$OUT/dflash.log" \
+  timeout 540 python3 -m pytest -q -s -p no:cacheprovider tests/lowering/test_dflash_cuda_gpu.py 2>&1 | tee "$OUT/dflash.log" \
     | grep -E "^export|^greedy|^sampling|^float32|^bfloat16|passed|failed|Error"
   ;;
 smoke)
@@ -95,7 +95,7 @@ smoke)
 runtime)
   build_runner
   DFLASH_CUDA_RUNNER=$runner DFLASH_TIMING_OUT="$OUT/runtime-timing.yaml" DFLASH_LOG_DIR="$OUT" \
-    timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
+    timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/examples/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
     | tee "$OUT/runtime.log" | grep -E "^export|^float32|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
   ;;
 runner-bench)

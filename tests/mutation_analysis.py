@@ -2,7 +2,7 @@
 export runs on the TTIR: a tensor it finds written is copied before the kernel). Prints
 one JSON object: {"fallbacks": n, "launches": [[kernel, [written args]], ...]}.
 Run without TRITON_INTERPRET (the analysis reads JITFunctions); no GPU needed: TTIR is
-generated for sm_90. Used by tests/test_kernels_compile.py."""
+generated for sm_90. Used by tests/kernels/test_kernels_compile.py."""
 
 import json
 import logging

@@ -14,11 +14,10 @@ from dflash_et.export.models import checkpoint, layers, presets
 from dflash_et.export.models.checkpoint import CheckpointError
 
 import checkpoint_writer
-from test_models import small_drafter, small_target
+from small_models import SLOTS, T, small_drafter, small_target
 
 pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
-SLOTS, T = 3, 48
 
 
 def _same_model(a: torch.nn.Module, b: torch.nn.Module) -> None:

@@ -15,7 +15,7 @@ from dflash_et.export import artifact, builder, check, config, driver, exporter,
 from dflash_et.export.models import layers
 
 import checkpoint_writer
-from test_models import small_drafter, small_target
+from small_models import small_drafter, small_target
 
 CONFIGS = ("tiny-dflash-greedy", "tiny-dflash-sampling")
 

@@ -6,7 +6,7 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
 - State crosses methods on the GPU: target_verify reads the KV cache target_prefill wrote.
   Without the sharing (`--no-shared-state`) the same run commits other tokens.
 - float32 exports commit exactly the tokens of the float32 CPU reference (the eager modules
-  with the ATen heads, which the CPU program equals: tests/test_dflash_program.py), for both
+  with the ATen heads, which the CPU program equals: tests/export/test_dflash_program.py), for both
   variants, with owners of mixed sampling parameters that join and leave at different steps
   and a prompt longer than max_rows (chunked prefill); speculative and target-only.
 - bfloat16 exports against the eager bfloat16 modules on the same GPU: teacher-forced, the
@@ -33,7 +33,7 @@ import yaml
 from dflash_et.export import builder, config, driver
 
 RUNNER = os.environ.get("DFLASH_CUDA_RUNNER", "")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXIT_BAD_INPUT = 2
 AGREE = 0.9  # bfloat16: the share of the runner's tokens the eager modules decide the same
 

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "simulate_top_p_bounds.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "simulate_top_p_bounds.py"
 
 
 def _run(*args):

@@ -21,7 +21,7 @@ import yaml
 
 from dflash_et.export import builder, config, driver, methods
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "examples" / "cpp" / "dflash_runner"
 VARIANTS = ("greedy", "sampling")
 EXIT_BAD_INPUT = 2

@@ -4,35 +4,16 @@ and the speculative loop on the eager modules (no export: fast)."""
 import dflash_reference as ref
 import pytest
 import torch
+from small_models import SLOTS, T, small_drafter, small_target
 
 from dflash_et.export import builder, config, driver
 from dflash_et.export.config import ExportConfig, LimitsConfig, ModelConfig
 from dflash_et.export.dflash_program import DraftForward, DraftPrefill
-from dflash_et.export.models import Drafter, DrafterConfig, Target, TargetConfig, layers, packing, presets
+from dflash_et.export.models import layers, packing
 
-SLOTS, T = 3, 48
 
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.quick]  # conftest.py; scripts/test.sh --quick
-
-
-def small_target(family="qwen3", tie=False, bias=False, rope=None, seed=0) -> Target:
-    cfg = TargetConfig(
-        family=family, vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
-        num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope=rope or layers.Rope(theta=500.0),
-        tie_embeddings=tie, attention_bias=bias, mlp_bias=bias,
-    )
-    return presets.init_target(Target(cfg, SLOTS, T), seed)
-
-
-def small_drafter(block_size=4, taps=(0, 2), seed=1, **attention) -> Drafter:
-    """`attention`: layer_types / sliding_window / is_causal of DrafterConfig."""
-    cfg = DrafterConfig(
-        hidden_size=32, intermediate_size=40, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=8,
-        block_size=block_size, target_layer_ids=taps, mask_token_id=60, rope=layers.Rope(theta=700.0),
-        **attention,
-    )
-    return presets.init_drafter(Drafter(cfg, SLOTS, T), seed)
 
 
 def sequences(seed=0, lengths=(20, 13, 9)):
