@@ -38,7 +38,7 @@ def _rows_per_pair(
     return temperature[o], top_k[o], top_p[o], rng.uniform(seed[o], position, rng.SAMPLE)
 
 
-class _SearchBound(nn.Module):
+class SearchBound(nn.Module):
     """`max_rows=None` runs the cut searches unrolled (eager, Inductor); an int, the
     program's row bound, runs them in one `scan` (compact ExecuTorch programs)."""
 
@@ -47,7 +47,7 @@ class _SearchBound(nn.Module):
         self.max_rows = max_rows
 
 
-class SampleRows(_SearchBound):
+class SampleRows(SearchBound):
     """`sample_rows`: the sampling rule on each row at its own position."""
 
     def forward(
@@ -66,7 +66,7 @@ class SampleRows(_SearchBound):
         return mark("sample_rows", "outputs", tokens)[0]
 
 
-class DFlashVerify(_SearchBound):
+class DFlashVerify(SearchBound):
     """`dflash_verify`: every owner's drafts under that owner's sampling parameters."""
 
     def forward(

@@ -118,7 +118,7 @@ def head_method(name: str, vocab: int, logits_dtype: torch.dtype, bound: int | N
         sizes = tuple(vocab if size == "V" else size for size in arg.sizes)
         return TensorSpec(arg.name, logits_dtype if arg.dtype is None else arg.dtype, sizes)
 
-    module = head.module() if head.module is heads.DFlashVerifyArgmax else head.module(bound)
+    module = head.module(bound) if issubclass(head.module, heads.SearchBound) else head.module()  # argmax: no search
     return MethodSpec(name, module, [tensor(a) for a in head.inputs], [tensor(a) for a in head.outputs], head=name)
 
 
