@@ -369,9 +369,9 @@ def _drafter_attention(keys: _Keys, dflash: dict, num_layers: int) -> dict:
             causal = keys.get(key, None, kind=bool, within=dflash)
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
         raise CheckpointError(f"{keys.path}: layer_types must be a list of strings, got {types!r}")
-    sliding = SLIDING in types
-    return {"layer_types": tuple(types) if sliding or set(types) - {"full_attention"} else None,
-            "sliding_window": window if sliding else None, "is_causal": causal}
+    plain = len(types) == num_layers and set(types) == {"full_attention"}  # = no layer_types
+    return {"layer_types": None if plain else tuple(types),
+            "sliding_window": window if SLIDING in types else None, "is_causal": causal}
 
 
 def drafter_config(directory: Path) -> DrafterConfig:

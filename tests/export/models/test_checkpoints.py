@@ -110,6 +110,7 @@ def test_drafter_config_spellings(tmp_path):
     del data["dflash_config"]["target_layer_ids"]
     data["num_target_layers"] = 36
     data["num_hidden_layers"] = 5
+    data.pop("layer_types")  # (written for 2 layers)
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert checkpoint.drafter_config(tmp_path).target_layer_ids == (1, 9, 17, 25, 33)
 
@@ -280,6 +281,7 @@ def saved_drafter(tmp_path):
     (lambda d: d["dflash_config"].update(target_layer_ids="1,2"), r"target_layer_ids must be a list of integers"),
     (lambda d: d.update(final_logit_softcapping=30.0), r"final_logit_softcapping = 30\.0 is not supported"),
     (lambda d: d.update(layer_types=["sliding_attention"]), r"drafter layer_types has 1 entries for 2 layers"),
+    (lambda d: d.update(layer_types=["full_attention"] * 3), r"drafter layer_types has 3 entries for 2 layers"),
     (lambda d: d.update(layer_types=["linear_attention", "full_attention"]),
      r"drafter layer_types \['linear_attention'\] are not supported"),
     (lambda d: d.update(layer_types="sliding_attention"), r"layer_types must be a list, got .sliding_attention."),
