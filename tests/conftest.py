@@ -73,3 +73,17 @@ def shared_export(tmp_path_factory):
         return target
 
     return get
+
+
+def loads_every_method(cfg, directory: Path):
+    """The artifact's program in executorch.runtime, after checking it holds exactly the
+    config's methods and constants and loading each method (a missing portable kernel fails
+    only at load)."""
+    from dflash_et.export import builder, check, methods
+
+    program = check.load_program(directory)
+    spec = builder.build(cfg)
+    assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
+    for method in program.method_names:
+        program.load_method(method)
+    return program

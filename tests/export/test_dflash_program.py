@@ -11,10 +11,11 @@ import torch
 import yaml
 
 from dflash_et import cli
-from dflash_et.export import artifact, builder, check, config, driver, exporter, methods
+from dflash_et.export import artifact, builder, check, config, driver, exporter
 from dflash_et.export.models import layers
 
 import checkpoint_writer
+from conftest import loads_every_method
 from small_models import small_drafter, small_target
 
 CONFIGS = ("tiny-dflash-greedy", "tiny-dflash-sampling")
@@ -42,11 +43,7 @@ def _loop(cfg, directory, seed=0):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_method_loads_and_the_check_passes(tiny, name):
     cfg, directory = tiny[name]
-    program = check.load_program(directory)
-    spec = builder.build(cfg)
-    assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
-    for method in program.method_names:
-        program.load_method(method)  # a missing portable kernel fails here
+    program = loads_every_method(cfg, directory)
     assert program.load_method("get_target_layer_ids").execute([])[0].tolist() == [1, 2]
     report = io.StringIO()
     assert check.check_artifact(cfg, directory, runs=4, stream=report), report.getvalue()

@@ -7,8 +7,9 @@ import json
 
 import pytest
 import torch
+from conftest import loads_every_method
 
-from dflash_et.export import artifact, builder, check, config, exporter, methods
+from dflash_et.export import artifact, check, config, exporter
 
 pytestmark = pytest.mark.xdist_group("programs")  # one worker exports the built-in programs once
 
@@ -25,11 +26,7 @@ def builtin_artifacts(tmp_path_factory):
 @pytest.mark.parametrize("name", ["heads-greedy", "heads-sampling"])
 def test_builtin_configs_export_load_and_match_eager(builtin_artifacts, name):
     cfg, directory = builtin_artifacts[name]
-    program = check.load_program(directory)
-    spec = builder.build(cfg)
-    assert set(program.method_names) == {m.name for m in spec.methods} | set(methods.constant_names(spec))
-    for method in program.method_names:
-        program.load_method(method)  # raises on a missing kernel
+    loads_every_method(cfg, directory)
     report = io.StringIO()
     assert check.check_artifact(cfg, directory, runs=6, stream=report), report.getvalue()
 
