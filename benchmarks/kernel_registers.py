@@ -4,7 +4,7 @@ instructions its PTX holds (0: no loop was software-pipelined). Not a test: a ch
 before spending GPU time (it catches what the interpreter does not: non-constexpr globals,
 type mismatches in branches the test data never takes, register blow-ups).
 
-    python benchmarks/kernel_registers.py [--vocab 151936]
+    python benchmarks/kernel_registers.py [--vocab 151936] [--logits bf16] [--const-vocab --ttir]
 
 Compiled as a real launch specializes them: pointers 16-byte aligned, and `stride`,
 `vocab`, `chunk` divisible by 16 (true for V = 151936); without those hints the loads do
@@ -18,8 +18,10 @@ import sys
 import tempfile
 
 import triton
+from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
 
 from dflash_et.kernels import sample_rows, verify
 from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launch_config, prefix_chunks, scratch_width,
@@ -31,6 +33,8 @@ FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only
 CONSTANTS = {}  # --const-vocab
+TTIR_ONLY = False  # --ttir
+LOGITS = ("*bf16", 2), ("*fp16", 2), ("*fp32", 4)
 
 
 def cuobjdump(kernel, flag: str) -> str:
@@ -46,6 +50,31 @@ def resources(kernel) -> str:
     out = cuobjdump(kernel, "-res-usage")
     fields = dict(f.split(":", 1) for f in next(x for x in out.splitlines() if "REG" in x).split() if ":" in f)
     return " ".join(f"{k}:{fields.get(k, '?')}" for k in ("REG", "STACK", "LOCAL"))
+
+
+def ttir_ops(source: ASTSource, warps: int) -> int:
+    """Generate and verify the kernel's TTIR only, as torch's mutation analysis of a kernel
+    launch does during AOTInductor export (`generate_ttir`: `make_ir`, then `verify`), and
+    count its operations. The frontend is where a kernel fails on what that analysis passes
+    as Python constants; the later stages (layouts, LLVM, ptxas) take nearly all of a full
+    compile's time and play no part in it."""
+    backend = make_backend(TARGET)
+    options = backend.parse_options({"num_warps": warps})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = source.make_ir(TARGET, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                            context)
+    if not module.verify():
+        raise RuntimeError("the TTIR module does not verify")
+    ops = 0
+
+    def count(op):
+        nonlocal ops
+        ops += 1
+
+    module.walk(count)
+    return ops
 
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
@@ -70,9 +99,12 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
             signature[name] = "i64" if name == "stride" else "i32"
             if name in ALIGNED:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     try:
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
-                                target=TARGET, options={"num_warps": warps})
+        if TTIR_ONLY:
+            print(f"{label:48s} TTIR ops:{ttir_ops(source, warps)}")
+            return True
+        kernel = triton.compile(source, target=TARGET, options={"num_warps": warps})
     except Exception as e:  # report every failing variant, then fail
         print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}")
         return False
@@ -97,15 +129,24 @@ def main(argv=None) -> int:
     parser.add_argument("--const-vocab", action="store_true",
                         help="compile with vocab as a constant, as torch's mutation analysis of the kernels does "
                              "during AOTInductor export (a Python int there: no .to() on it)")
+    parser.add_argument("--logits", choices=[name[1:] for name, _ in LOGITS], action="append",
+                        help="only the variants for these logits dtypes (repeatable; default: every dtype)")
+    parser.add_argument("--ttir", action="store_true",
+                        help="stop after generating each variant's TTIR, as torch's mutation analysis does "
+                             "(no registers: prints the TTIR's operation count)")
     args = parser.parse_args(argv)
-    global ASM_DIR, ONLY
-    ASM_DIR, ONLY = args.asm, args.only
+    global ASM_DIR, ONLY, TTIR_ONLY
+    ASM_DIR, ONLY, TTIR_ONLY = args.asm, args.only, args.ttir
+    if ASM_DIR and TTIR_ONLY:
+        parser.error("--asm needs the full compile, not --ttir")
     if args.const_vocab:
         CONSTANTS["vocab"] = args.vocab
     if ASM_DIR:
         os.makedirs(ASM_DIR, exist_ok=True)
     ok = True
-    for logits, itemsize in (("*bf16", 2), ("*fp16", 2), ("*fp32", 4)):
+    for logits, itemsize in LOGITS:
+        if args.logits and logits[1:] not in args.logits:
+            continue
         light, heavy = launch_config(args.vocab, itemsize=itemsize)
         work = scratch_width(heavy.buf)
         _, splits = split_rows(args.vocab, light.block)
