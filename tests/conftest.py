@@ -87,3 +87,13 @@ def loads_every_method(cfg, directory: Path):
     for method in program.method_names:
         program.load_method(method)
     return program
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Tests whose function carries `run_first = True` (the longest ones) move to the front
+    of the collection, in their order, the rest keeping theirs. xdist's loadgroup scheduler
+    hands out the xdist_group scopes first (largest first), then the other tests in
+    collection order: a test of minutes handed out last keeps one worker busy after the
+    other has run out of work."""
+    items.sort(key=lambda item: not getattr(getattr(item, "obj", None), "run_first", False))

@@ -30,6 +30,9 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
 
 
+test_every_kernel_variant_compiles_for_sm90_without_spills.run_first = True  # (conftest.py: the longest tests)
+
+
 def test_jit_helpers_and_constexpr_globals_have_one_meaning_per_name():
     """AOTInductor (the CUDA delegate's compiler) copies each kernel and the @triton.jit
     helpers and constexpr globals it uses into one source file, by name: two helpers of one
