@@ -30,6 +30,7 @@ other, and on the H200 one method's input differed from its worker's
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -50,23 +51,71 @@ from .errors import LoweringError
 LOG_TAIL = 4000  # characters of a failed worker's log in the error
 
 
-def fingerprint(program, compile_specs) -> str:
-    """What a backend's `preprocess` compiles: graphs, signature, weights and constants
-    (names, shapes, dtypes, bytes), compile specs."""
-    h = hashlib.sha256()
+def fingerprint_parts(program, compile_specs) -> dict[str, str]:
+    """What a backend's `preprocess` compiles, part by part (each graph's code, the
+    signature, each weight or constant with its name, shape, dtype and bytes, the compile
+    specs): part -> a hash of it. `fingerprint_of` hashes them all; the parts name what differs
+    when a worker's input is not the exporting process's."""
+    parts = {}
     for name, module in program.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
-            h.update(f"{name}\n{module.code}".encode())
-    h.update(str(program.graph_signature).encode())
+            parts[f"graph {name or '<root>'}"] = _digest(module.code.encode())
+    parts["signature"] = _digest(str(program.graph_signature).encode())
     tensors = {**program.state_dict, **program.constants}
     for name in sorted(tensors):
         t = tensors[name]
-        h.update(f"{name}:{tuple(getattr(t, 'shape', ()))}:{getattr(t, 'dtype', type(t).__name__)}".encode())
+        head = f"{tuple(getattr(t, 'shape', ()))}:{getattr(t, 'dtype', type(t).__name__)}".encode()
+        data = b""
         if isinstance(t, torch.Tensor) and t.numel():
-            h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().data)
-    for spec in compile_specs:
-        h.update(spec.key.encode() + b"=" + bytes(spec.value))
+            data = t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        parts[f"tensor {name}"] = _digest(head, data)
+    parts["compile specs"] = _digest(*(spec.key.encode() + b"=" + bytes(spec.value) for spec in compile_specs))
+    return parts
+
+
+def fingerprint_of(parts: dict[str, str]) -> str:
+    """One hash of a `fingerprint_parts`: equal exactly when every part is."""
+    return _digest(*(f"{k}={v}".encode() for k, v in sorted(parts.items())))
+
+
+def graph_codes(program) -> dict[str, str]:
+    """Each graph's code, by its fingerprint part's name (for the first differing line)."""
+    return {f"graph {name or '<root>'}": module.code for name, module in program.graph_module.named_modules()
+            if isinstance(module, torch.fx.GraphModule)}
+
+
+def _digest(*chunks: bytes) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(len(chunk).to_bytes(8, "little") + chunk)
     return h.hexdigest()
+
+
+@dataclasses.dataclass
+class Compiled:
+    """A worker's compile: its method, the backend's result, its input's fingerprint parts
+    and graph code."""
+    method: str
+    result: object
+    parts: dict[str, str]
+    codes: dict[str, str]
+
+
+def differences(mine: dict[str, str], my_codes: dict[str, str], theirs: Compiled, limit: int = 6) -> str:
+    """Where an input differs from a worker's: the differing parts, e.g. "graph <root>,
+    tensor p_w (and 3 more)", and the first differing line of the first differing graph."""
+    names = sorted(k for k in mine.keys() | theirs.parts.keys() if mine.get(k) != theirs.parts.get(k))
+    said = [n + ("" if n in mine and n in theirs.parts else " (only here)" if n in mine else " (only the worker's)")
+            for n in names[:limit]]
+    text = ", ".join(said) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+    for name in names:
+        if name in my_codes and name in theirs.codes:
+            here, there = my_codes[name].splitlines(), theirs.codes[name].splitlines()
+            line = next((i for i, (a, b) in enumerate(zip(here, there)) if a != b), min(len(here), len(there)))
+            text += (f"; {name}, line {line + 1}: here {here[line].strip() if line < len(here) else '<end>'!r}, "
+                     f"the worker's {there[line].strip() if line < len(there) else '<end>'!r}")
+            break
+    return text
 
 
 def supported(backend: type) -> bool:
@@ -145,17 +194,23 @@ class Workers:
         for seconds in found["seconds"]:
             self.say(f"{method}: compiled in {seconds:.1f}s by its worker "
                      f"({time.perf_counter() - start:.1f}s with the worker's start)")
-        return {fp: (method, result) for fp, result in found["results"]}
+        return {fingerprint_of(parts): Compiled(method, result, parts, codes)
+                for parts, codes, result in found["results"]}
 
-    def take(self, fp: str):
-        """The workers' result for the input with fingerprint `fp`, or None when none made it.
-        Waits for the workers in method order (this process lowers the methods in that order)."""
+    def take(self, parts: dict[str, str]) -> "Compiled | None":
+        """The workers' result for the input with fingerprint parts `parts`, or None when none
+        made it. Waits for the workers in method order (this process lowers the methods in
+        that order)."""
+        fp = fingerprint_of(parts)
         for method, future in self._futures.items():
             if fp in self._results:
                 break
             self._results.update(future.result())
-        found = self._results.pop(fp, None)
-        return None if found is None else found[1]
+        return self._results.pop(fp, None)
+
+    def unmatched(self, method: str) -> "list[Compiled]":
+        """The workers' results for `method` that no input took."""
+        return [c for c in self._results.values() if c.method == method]
 
     def stop(self) -> None:
         self._stopped.set()
@@ -192,13 +247,16 @@ def compiled_by_workers(methods: list[str], backend, producer: tuple[str, dict],
 
         def make(original):
             def preprocess(cls, edge_program, compile_specs):
-                result = workers.take(fingerprint(edge_program, compile_specs))
-                if result is None:
+                parts = fingerprint_parts(edge_program, compile_specs)
+                found = workers.take(parts)
+                if found is None:
                     named = [bytes(c.value).decode(errors="replace") for c in compile_specs if c.key == "method_name"]
-                    say(f"a delegate's input{' (' + named[0] + ')' if named else ''} differs from every worker's: "
-                        "compiling it in this process")
+                    method = named[0] if named else None
+                    why = [differences(parts, graph_codes(edge_program), c) for c in workers.unmatched(method)]
+                    say(f"a delegate's input{' (' + method + ')' if method else ''} differs from every worker's"
+                        + (f" (from its worker's in: {why[0]})" if why else "") + ": compiling it in this process")
                     return original(cls, edge_program, compile_specs)
-                return result
+                return found.result
             return preprocess
 
         try:
@@ -224,7 +282,7 @@ def work(workdir: Path, method: str) -> None:
             start = time.perf_counter()
             result = original(cls, edge_program, compile_specs)
             seconds.append(time.perf_counter() - start)
-            results.append((fingerprint(edge_program, compile_specs), result))
+            results.append((fingerprint_parts(edge_program, compile_specs), graph_codes(edge_program), result))
             return result
         return preprocess
 

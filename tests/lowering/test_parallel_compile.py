@@ -91,7 +91,11 @@ def test_workers_give_the_program_of_one_process(traced, fake_aoti):
     assert parallel == alone
     assert fake_aoti == ["draft_forward"]
     assert any(s.startswith("target_verify: compiled in") and "by its worker" in s for s in said), said
-    assert sum("differs from every worker's" in s for s in said) == 1, said
+    differs = [s for s in said if "differs from every worker's" in s]
+    weight = next(iter(programs["draft_forward"].state_dict))
+    # It names the method and the one part that differs: the changed weight.
+    assert differs == [f"a delegate's input (draft_forward) differs from every worker's (from its worker's in: "
+                       f"tensor {weight}): compiling it in this process"], said
 
 
 def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
