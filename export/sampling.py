@@ -44,11 +44,20 @@ def _pow2_table(device: torch.device) -> torch.Tensor:  # [255] float64
     return torch.tensor([2.0 ** (d - 149) for d in range(255)], dtype=torch.float64, device=device)
 
 
+def floor_div_pow2(x: torch.Tensor, power: int) -> torch.Tensor:  # [N] int64 -> [N] int64
+    """floor(x / 2^power) for |x| < 2^53, in float64, where it is exact. torch 2.11's
+    Inductor (AOTInductor, `lowering.fused_verify: false`) compiled the integer
+    `torch.div(..., rounding_mode="floor")` of the searches through float32: 24 bits
+    for 32-bit keys, and a float32 index into the scale table that failed the
+    export ("indices must be int64")."""
+    return torch.floor(x.to(torch.float64) * 2.0 ** -power).to(torch.int64)
+
+
 def key_to_value(key: torch.Tensor, pow2: torch.Tensor) -> torch.Tensor:  # [N] int64 -> [N] float32
     """Exact float32 value of an ordered key (sign, exponent, mantissa by arithmetic)."""
     neg = key < 0
     bits = torch.where(neg, -key - 1, key)
-    exponent = torch.div(bits, 1 << 23, rounding_mode="floor")
+    exponent = floor_div_pow2(bits, 23)
     mantissa = torch.bitwise_and(bits, (1 << 23) - 1)
     mantissa = torch.where(exponent > 0, mantissa + (1 << 23), mantissa).to(torch.float64)
     value = mantissa * pow2[torch.clamp(exponent - 1, min=0)]  # exact; 2^128 rounds to inf
@@ -86,7 +95,7 @@ def _largest_true(pred, lo: torch.Tensor, hi: torch.Tensor, rows: int | None) ->
     def body(carry, _):
         lo, hi = carry
         live = anchor.shape[0]
-        mid = torch.div(lo + hi + 1, 2, rounding_mode="floor")
+        mid = floor_div_pow2(lo + hi + 1, 1)
         ok = pred(mid[:live]).to(torch.int64)
         ok = torch.nn.functional.pad(ok, (0, rows - live)) > 0
         return (torch.where(ok, mid, lo), torch.where(ok, hi, mid - 1)), ok.sum()
@@ -98,7 +107,7 @@ def _largest_true(pred, lo: torch.Tensor, hi: torch.Tensor, rows: int | None) ->
 
 
 def _bisect(pred, lo, hi):
-    mid = torch.div(lo + hi + 1, 2, rounding_mode="floor")
+    mid = floor_div_pow2(lo + hi + 1, 1)
     ok = pred(mid)
     return torch.where(ok, mid, lo), torch.where(ok, hi, mid - 1)
 
