@@ -60,7 +60,8 @@ def _config(name: str) -> config.ExportConfig:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Every export of EXPORTS, as parallel processes: name -> directory, or the log of a
-    failed export (the tests that need it fail with it). Wall times are printed. Each export
+    failed export (the tests that need it fail with it). Wall times are printed. The CUDA
+    exports compile their methods in DFLASH_EXPORT_JOBS worker processes (default 1). Each export
     gets its own inductor cache: side by side in one cache, two compiles of the same kernel
     raced (one link step found another's object files gone: `ld: cannot find ...fatbin.o`)."""
     base = tmp_path_factory.mktemp("cuda_runner")
@@ -69,15 +70,19 @@ def exports(tmp_path_factory):
         path = base / f"{name}.yaml"
         path.write_text(_config(name).to_yaml())
         cmd = [sys.executable, "-m", "dflash_et.cli", "export", "--config", str(path), "--output-dir", str(base / name)]
+        if EXPORTS[name][2] == "cuda":
+            cmd += ["--jobs", os.environ.get("DFLASH_EXPORT_JOBS", "1")]
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / f"inductor-{name}")}
-        jobs[name] = (time.perf_counter(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                            text=True, cwd=ROOT, env=env))
+        # The log is written as the export runs: a call cut short still shows how far it got.
+        log_path = Path(os.environ.get("DFLASH_LOG_DIR") or base) / f"export-{name}.log"
+        with open(log_path, "w") as log:
+            jobs[name] = (time.perf_counter(), log_path,
+                          subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env))
     out = {}
-    for name, (start, job) in jobs.items():
-        log = job.communicate()[0]
+    for name, (start, log_path, job) in jobs.items():
+        job.wait()
         seconds = time.perf_counter() - start
-        if os.environ.get("DFLASH_LOG_DIR"):
-            (Path(os.environ["DFLASH_LOG_DIR"]) / f"export-{name}.log").write_text(log)
+        log = log_path.read_text(errors="replace")
         if job.returncode != 0:
             out[name] = f"exporting {name} failed:\n{log[-4000:]}"
             print(f"\nexport {name}: FAILED after {seconds:.0f} s")
