@@ -18,6 +18,8 @@ examples:
   dflash-et export --config heads-sampling --output-dir out/heads
   dflash-et check --config heads-sampling --artifact out/heads
   dflash-et run --config tiny-dflash-sampling --artifact out/tiny
+  dflash-et distill --config tiny-dflash-sampling --output-dir out/tiny-distilled
+  dflash-et export --config out/tiny-distilled/export.yaml --output-dir out/tiny-spec
 """
 
 
@@ -68,6 +70,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--artifact", required=True, help="artifact directory written by `export`")
     c.add_argument("--cases", type=int, default=20, help="random cases per head method (default 20)")
     c.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
+
+    d = sub.add_parser(
+        "distill", help="train a DFlash config's drafter on its target's greedy text; write a z-lab checkpoint",
+        description="Train the config's drafter on its target's greedy continuations of the prompts "
+        "`dflash-et run --seed SEED` drives, so that its drafts get accepted there, and write it as a "
+        "z-lab checkpoint with export.yaml (the config, model.drafter naming the checkpoint). A random "
+        "target's text is only learned where it was seen: export/models/distill.py says more. Runs on "
+        "the CPU, in float64 (about 10 s for the tiny presets).",
+    )
+    d.add_argument("--config", required=True, help="YAML file or built-in config name (program: dflash)")
+    d.add_argument("--output-dir", default=None, help="checkpoint directory (default: out/<config name>-distilled)")
+    d.add_argument("--steps", type=_positive, default=300, help="optimiser steps (default 300)")
+    d.add_argument("--seed", type=int, default=0, help="the prompts: those of `dflash-et run --seed` (default 0)")
+    d.add_argument("--force", action="store_true", help="replace an existing output directory")
 
     r = sub.add_parser(
         "run", help="run the speculative loop of a DFlash artifact and print tokens and statistics",
@@ -148,6 +164,14 @@ def _main(args) -> int:
 
             exporter.export_program(cfg, args.output_dir or _default_output(args.config), force=args.force,
                                    jobs=args.jobs)
+            return 0
+        if args.command == "distill":
+            from .export import distilling
+            from .export.models.distill import Recipe
+
+            distilling.distill_checkpoint(cfg, args.output_dir or _default_output(args.config) + "-distilled",
+                                          seed=args.seed, recipe=Recipe(steps=args.steps), force=args.force,
+                                          say=lambda text: print(f"[dflash-et] {text}", file=sys.stderr))
             return 0
         if args.command == "check":
             from .export import check

@@ -29,7 +29,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -38,7 +38,7 @@ def _umask() -> int:
 def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts are shared files
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; artifacts are shared files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

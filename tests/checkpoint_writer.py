@@ -1,70 +1,16 @@
 """Write models as checkpoints (tests only): a target as a Hugging Face checkpoint of its
-family, a drafter in z-lab's DFlash layout, each `config.json` + `model.safetensors`, so
-the real loader (`export/models/checkpoint.py`) can be tested on files."""
+family; drafters in z-lab's layout come from the package (`export/models/checkpoint_writer.py`,
+which `dflash-et distill` uses). The real loader (`export/models/checkpoint.py`) is tested on
+these files."""
 
 import json
-import struct
 from pathlib import Path
 
-import torch
-
-from dflash_et.export.models import layers
-from dflash_et.export.models.checkpoint import CONFIG, DRAFTER_ARCHITECTURE, ST_NAMES, TARGET_TYPES, WEIGHTS
-from dflash_et.export.models.dflash import Drafter
+from dflash_et.export.models.checkpoint import CONFIG, TARGET_TYPES, WEIGHTS
+from dflash_et.export.models.checkpoint_writer import decoder_json, dtype_name, save_drafter, write_file
 from dflash_et.export.models.llama import Target
 
-
-def write_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write `tensors` as one safetensors file (names sorted, header padded to 8 bytes)."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
-        if t.dtype not in ST_NAMES:
-            raise ValueError(f"cannot write tensor {name} of dtype {t.dtype} to safetensors")
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {
-            "dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    if metadata:
-        header["__metadata__"] = metadata
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for data in blobs:
-            f.write(data)
-
-
-def _rope_json(rope: layers.Rope) -> dict:
-    scaling = None
-    if rope.kind == "llama3":
-        scaling = {
-            "rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-            "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_max_position,
-        }
-    return {"rope_theta": rope.theta, "rope_scaling": scaling}
-
-
-def _dtype_name(model: torch.nn.Module) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def _decoder_json(cfg) -> dict:
-    """The config.json keys a target and a drafter share (Hugging Face names)."""
-    return {
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **_rope_json(cfg.rope),
-        "hidden_act": "silu",
-    }
+__all__ = ["save_drafter", "save_target", "write_file"]
 
 
 def save_target(model: Target, directory: Path) -> Path:
@@ -76,42 +22,14 @@ def save_target(model: Target, directory: Path) -> Path:
         "architectures": [TARGET_TYPES[cfg.family]],
         "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
-        **_decoder_json(cfg),
+        **decoder_json(cfg),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": cfg.attention_bias,
         "max_position_embeddings": model.max_seq_len,
-        "torch_dtype": _dtype_name(model),
+        "torch_dtype": dtype_name(model),
     }
     if cfg.family == "llama":
         config["mlp_bias"] = cfg.mlp_bias
-    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
-    return directory
-
-
-def save_drafter(model: Drafter, directory: Path) -> Path:
-    """Write `model` in z-lab's DFlash layout (config.json + unprefixed model.safetensors)."""
-    cfg = model.cfg
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": [DRAFTER_ARCHITECTURE],
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "model_type": "qwen3",
-        "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
-        **_decoder_json(cfg),
-        "attention_bias": False,
-        "layer_types": list(cfg.layer_types or ["full_attention"] * cfg.num_layers),
-        **({"use_sliding_window": True, "sliding_window": cfg.sliding_window} if cfg.sliding_window else {}),
-        **({"is_causal": cfg.is_causal} if cfg.is_causal is not None else {}),
-        "tie_word_embeddings": True,
-        "torch_dtype": _dtype_name(model),
-    }
-    if cfg.vocab_size is not None:
-        config["vocab_size"] = cfg.vocab_size
-    if cfg.num_target_layers is not None:
-        config["num_target_layers"] = cfg.num_target_layers
     (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
     return directory

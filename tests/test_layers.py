@@ -17,7 +17,7 @@ LAYERS = [
     ("programs", ["export.methods", "export.dflash_program", "export.builder"]),
     ("lowering and kernels", ["lowering", "kernels"]),
     ("exporting", ["export.exporter"]),
-    ("checking and driving", ["export.driver", "export.check"]),
+    ("checking and driving", ["export.driver", "export.check", "export.distilling"]),
     ("command line", ["cli"]),
 ]
 PACKAGES = ("export", "lowering", "kernels", "configs")

@@ -56,7 +56,9 @@ def load_target(model_cfg: ModelConfig, limits: LimitsConfig) -> Target:
     cfg, directory = target_config(model_cfg)
     if directory is not None:
         return checkpoint.load_target(directory, limits.max_owners, limits.max_seq_len, dtype)
-    mask = presets.DRAFTERS[model_cfg.drafter].mask_token_id if model_cfg.drafter in presets.DRAFTERS else None
+    # The same preset target whether its drafter is a preset or a checkpoint (e.g. one that
+    # `dflash-et distill` trained against this target): the mask row follows the drafter.
+    mask = drafter_config(model_cfg)[0].mask_token_id
     return presets.init_target(Target(cfg, limits.max_owners, limits.max_seq_len, dtype), model_cfg.seed, mask)
 
 
