@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: export the default config to a .pte, load and run
-# every method in the ExecuTorch runtime, check it against the eager reference, and (for a
-# DFlash program) run its speculative loop with tokens/step, acceptance length and wall time.
+# The main job on the embedded default: for a DFlash config, first distil its drafter on the
+# target's greedy text (a random drafter's drafts are never accepted); export the config to a
+# .pte, load and run every method in the ExecuTorch runtime, check it against the eager
+# reference, and (for a DFlash program) run its speculative loop with tokens/step,
+# acceptance length and wall time.
 #   scripts/demo.sh [config] [steps]      (default: tiny-dflash-sampling, 12 steps)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ensure_env
@@ -12,6 +14,10 @@ OUT="out/${CONFIG##*/}"
 OUT="${OUT%.yaml}"
 CLI="$VENV/bin/dflash-et"
 
+if [[ "$("$PY" -c 'import sys; from dflash_et.export import config; print(config.load(sys.argv[1]).program)' "$CONFIG")" == dflash ]]; then
+  "$CLI" distill --config "$CONFIG" --output-dir "$OUT-distilled" --force
+  CONFIG="$OUT-distilled/export.yaml"
+fi
 "$CLI" export --config "$CONFIG" --output-dir "$OUT" --force
 "$CLI" check --config "$CONFIG" --artifact "$OUT"
 "$PY" - "$OUT" <<'PY'
