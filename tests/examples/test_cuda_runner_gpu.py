@@ -8,7 +8,9 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
 - float32 exports commit exactly the tokens of the float32 CPU reference (the eager modules
   with the ATen heads, which the CPU program equals: tests/export/test_dflash_program.py), for both
   variants, with owners of mixed sampling parameters that join and leave at different steps
-  and a prompt longer than max_rows (chunked prefill); speculative and target-only.
+  and a prompt longer than max_rows (chunked prefill); speculative and target-only. Their
+  drafter is distilled on these owners' prompts (`dflash-et distill`), so greedy owners'
+  drafts are accepted and steps commit several rows.
 - bfloat16 exports against the eager bfloat16 modules on the same GPU: teacher-forced, the
   eager modules decide at least AGREE of the runner's tokens the same (the rest: compiled
   and eager bf16 round differently; counted, reported).
@@ -17,10 +19,12 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +34,7 @@ import teacher_forcing
 import torch
 import yaml
 
-from dflash_et.export import builder, config, driver
+from dflash_et.export import builder, config, distilling, driver
 
 RUNNER = os.environ.get("DFLASH_CUDA_RUNNER", "")
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,19 +46,31 @@ pytestmark = [
     pytest.mark.skipif(not RUNNER, reason="DFLASH_CUDA_RUNNER (scripts/build-cuda-runner.sh's runner) is not set"),
 ]
 
-# name -> (built-in config, model dtype, backend)
+# name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts)
 EXPORTS = {
-    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda"),
-    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda"),
-    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda"),
-    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable"),
+    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True),
+    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True),
+    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False),
+    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False),
 }
+F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
 
 def _config(name: str) -> config.ExportConfig:
-    base, dtype, backend = EXPORTS[name]
+    base, dtype, backend, distilled = EXPORTS[name]
     cfg = config.load(base)
-    return dataclasses.replace(cfg, backend=backend, model=dataclasses.replace(cfg.model, dtype=dtype))
+    model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
+    return dataclasses.replace(cfg, backend=backend, model=model)
+
+
+@functools.cache
+def _distilled() -> str:
+    """The tiny drafter distilled (`dflash-et distill`) on the greedy text of the float32
+    checks' prompts: their greedy owners commit whole blocks, so the runner's commits of
+    several rows per step run (a random drafter's drafts are rejected)."""
+    cfg = config.load("tiny-dflash-greedy")
+    out = Path(tempfile.mkdtemp(prefix="dflash-distilled-")) / "drafter"
+    return str(distilling.distill_checkpoint(cfg, out, seed=F32_SEED, say=lambda text: None))
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +185,7 @@ def test_target_verify_reads_the_cache_target_prefill_wrote(artifacts):
 @pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32"])
 def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
     program = _eager(name, "cpu")
-    owners = _owners(program, seed=5)
+    owners = _owners(program, seed=F32_SEED)
     for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
         want = driver.generate(program, owners, mode=mode)
         got = _runner(artifacts, name, owners, *flags)
@@ -182,7 +198,9 @@ def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
         if mode == "speculative":
             drafts = [s.drafts for s in want.steps if s.owners]
             same = sum(a == b for a, b in zip(got["drafts"], drafts))
-            print(f"  drafts identical in {same}/{len(drafts)} steps")
+            rows = [a for s in want.steps for a in s.acceptance]
+            print(f"  drafts identical in {same}/{len(drafts)} steps; mean acceptance {sum(rows) / len(rows):.2f}")
+            assert max(rows) == program.constants["block_size"]  # whole blocks committed: real drafts
 
 
 def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):
