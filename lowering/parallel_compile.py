@@ -164,7 +164,7 @@ class Workers:
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="compile")
         self._futures = {m: self._pool.submit(self._run, m) for m in methods}
-        self._results: dict[str, tuple] = {}  # fingerprint -> (method, result)
+        self._results: dict[str, Compiled] = {}  # fingerprint -> a worker's compile
 
     def _run(self, method: str) -> dict[str, tuple]:
         if self._stopped.is_set():

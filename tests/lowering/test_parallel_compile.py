@@ -102,3 +102,17 @@ def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
     with pytest.raises(LoweringError, match=r"compiling (target_verify|draft_forward) in a worker process failed "
                                             r"\(exit 1\)(.|\n)*the producer of \w+ broke on purpose"):
         _lower(traced, producer="fake_cuda_compile:broken", jobs=1)
+
+
+def test_differences_name_the_parts_and_a_graphs_first_differing_line():
+    from dflash_et.lowering.parallel_compile import Compiled, differences
+
+    mine = {"graph <root>": "a", "signature": "s", "tensor p_w": "w1", "tensor c_only_here": "c"}
+    theirs = Compiled("m", None, {"graph <root>": "b", "signature": "s", "tensor p_w": "w2", "tensor b_x": "x"},
+                      {"graph <root>": "def forward(self, x):\n    y = x + 1\n    return y"})
+    codes = {"graph <root>": "def forward(self, x):\n    y = x + 2\n    return y"}
+    assert differences(mine, codes, theirs) == (
+        "graph <root>, tensor b_x (only the worker's), tensor c_only_here (only here), tensor p_w; "
+        "graph <root>, line 2: here 'y = x + 2', the worker's 'y = x + 1'")
+    assert differences(mine, codes, theirs, limit=1) == (
+        "graph <root> (and 3 more); graph <root>, line 2: here 'y = x + 2', the worker's 'y = x + 1'")
