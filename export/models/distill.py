@@ -6,10 +6,9 @@ one token per step and never shows (or exercises) the multi-row commits of
 continuations of given prompts; `dflash-et distill` writes the result as a z-lab
 checkpoint, which any config can name as its `model.drafter`.
 
-What it learns, measured on the embedded random `tiny` target: the continuations it was
-trained on, drafted almost perfectly (every draft of a block right in ~all blocks after
-300 steps), and little else (on new prompts, 0.06 of 3 drafts per block accepted after
-1,000 steps on 256 continuations, against 0.01 for the random drafter). A random target's
+What it learns on the embedded random `tiny` target: the continuations it was trained on,
+drafted almost perfectly, and little else; on new prompts its drafts are hardly better
+than a random drafter's (benchmarks/RESULTS.md, "A distilled drafter"). A random target's
 text has no structure a small drafter can pick up in minutes; a real LLM's has. So the
 prompts to distil on are the prompts the loop will run.
 
