@@ -53,7 +53,8 @@ from .launch import (check_inputs, check_length, decide_config, filtered_rows_co
                      prefix_chunks)
 from .filtered import (PASS_ROW, RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes,
                        needs_mass, results_of, stats_of, store_lanes, store_pair, stored_pair)
-from .split_walk import queue_walk, queue_words, split_walks, walk_chunk
+from .scratch import Scratch
+from .split_walk import queue_walk, split_walks, walk_chunk
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -259,9 +260,18 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
     tl.store(next_token_ptr + owner, token)
 
 
+def scratch_for(logits, cap: int | None = None, block: int | None = None) -> Scratch:
+    """A fresh scratch for `launch` on `logits` with these `cap` / `block` (to look inside it
+    afterwards: `kernels/scratch.py`)."""
+    _, heavy = launch_config(logits.shape[1], cap, block, logits.element_size())
+    return Scratch.of(logits.shape[0], scratch_width(heavy.buf), heavy.buf, logits.device)
+
+
 def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed,
            greedy: bool = False, cap: int | None = None,
-           block: int | None = None):
+           block: int | None = None, scratch: Scratch | None = None):
+    """`scratch`: one of `scratch_for` with the same logits, cap and block, kept by the caller
+    (by default a fresh one)."""
     num_rows, vocab = logits.shape
     num_owners = offsets.shape[0] - 1
     device = logits.device
@@ -269,8 +279,12 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
     _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
-    work = torch.empty(num_rows, width, dtype=torch.int64, device=device)
-    queue = torch.empty(queue_words(num_rows), dtype=torch.int64, device=device)  # `split_walk.queue_walk`
+    if scratch is None:
+        scratch = Scratch.of(num_rows, width, heavy.buf, device)
+    elif scratch.buf != heavy.buf or tuple(scratch.work.shape) != (num_rows, width):
+        raise ValueError(f"scratch of {tuple(scratch.work.shape)} words, BUF {scratch.buf}: this launch needs "
+                         f"({num_rows}, {width}), BUF {heavy.buf}; make it with scratch_for(logits, cap, block)")
+    work, queue = scratch.work, scratch.queue  # `split_walk.queue_walk`
     if num_rows > 0 and num_owners > 0:
         decide = decide_config(vocab, block, logits.element_size())
         chunk, splits = prefix_chunks(vocab, decide.block)

@@ -19,7 +19,6 @@ from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import filtered, nucleus, sampling_rule, split_walk
-from dflash_et.kernels.filtered import HOT_WORDS
 from dflash_et.kernels import verify as verify_kernel
 
 VERIFY_KEYS = cases.VERIFY_INPUTS
@@ -158,39 +157,24 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
 
 @pytest.mark.parametrize("mark", [verify_kernel.PASS_ROW.value, verify_kernel.FILTERED_ROW.value,
                                   verify_kernel.QUEUED_ROW.value])
-def test_verify_leaves_no_stale_mark_in_its_scratch(mark, monkeypatch):
+def test_verify_leaves_no_stale_mark_in_its_scratch(mark):
     """The scratch is never cleared (a CUDA graph replays into the same memory), and the
     launches after the first trust its marks (they read a marked row's pair from there, out of
-    bounds for a stale one). So the first launch writes every slot's results word: here every
-    int64 scratch starts full of one mark (and every 1-D int64 tensor, the split walks' queue
-    among them, full of a count far past its end: the first launch zeroes the queue's counts);
-    after the call, every slot that holds no pair reads UNUSED_SLOT and the tokens are the
-    reference's."""
-    real_empty = torch.empty
-    scratch = []
-
-    def poisoned(*size, **kw):
-        t = real_empty(*size, **kw)
-        if t.dim() == 2 and t.dtype == torch.int64:
-            scratch.append(t.fill_(mark))
-        elif t.dim() == 1 and t.dtype == torch.int64:
-            t.fill_(1 << 40)
-        return t
-
+    bounds for a stale one). So the first launch writes every slot's results word: here the
+    scratch starts full of one mark (and its split-walk queue full of a count far past its
+    end: the first launch zeroes the queue's counts); after the call, every slot that holds
+    no pair reads UNUSED_SLOT and the tokens are the reference's."""
     g = torch.Generator().manual_seed(41)
     unused = 0
     for _ in range(6):
         inp = _to(cases.verify_case(g, 40, 40, 8, torch.float32))
         owners = inp["offsets"].shape[0] - 1
         inp["top_k"] = torch.full((owners,), 5, dtype=torch.int64, device=DEVICE)  # filtered rows too
-        scratch.clear()
-        with monkeypatch.context() as m:
-            m.setattr(verify_kernel.torch, "empty", poisoned)
-            got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS])
-        _check_verify(inp, got)
-        (work,) = scratch
-        heavy = verify_kernel.launch_config(40)[1]
-        first_word = work[:, 2 * heavy.buf + HOT_WORDS.value].cpu()  # `filtered.results_of`
+        scratch = verify_kernel.scratch_for(inp["logits"])
+        scratch.work.fill_(mark)
+        scratch.queue.fill_(1 << 40)
+        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
+        first_word = scratch.results()[:, 0]
         used = owners_layout.pack_pairs(inp["offsets"].cpu(), inp["logits"].shape[0]).used
         assert bool((first_word[~used] == verify_kernel.UNUSED_SLOT.value).all()), first_word.tolist()
         assert not bool((first_word[used] == mark).any()), first_word.tolist()
@@ -439,19 +423,7 @@ def _spy_on_launches(monkeypatch, seen):
     monkeypatch.setattr(verify_kernel, "wrap_triton", spy)
 
 
-def _catch_the_decision_launch(monkeypatch):
-    """A dict that gets verify_filtered_kernel's scratch, queue and BUF when `verify.launch` runs it."""
-    caught = {}
-
-    def seen(kernel, args, kw):
-        if kernel is verify_kernel.verify_filtered_kernel:
-            caught.update(work=args[9], queue=args[10], buf=kw["BUF"])
-
-    _spy_on_launches(monkeypatch, seen)
-    return caught
-
-
-def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
+def test_whole_row_walks_are_split_over_the_decision_launch():
     """A top-p row whose bound takes most lanes is queued for a walk in SPLIT chunks, which
     the decision launch's programs without a row of their own take by ticket
     (`kernels/split_walk.py`); the program that finishes the last chunk packs the chunks'
@@ -473,23 +445,21 @@ def test_whole_row_walks_are_split_over_the_decision_launch(monkeypatch):
     inp = _to({"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g), "offsets": torch.arange(n + 1),
                "start_position": torch.arange(n) * 11, "temperature": torch.full((n,), 0.8), "top_k": top_k,
                "top_p": top_p, "seed": torch.arange(n) + 130})
-    caught = _catch_the_decision_launch(monkeypatch)
-    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
-    work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
-    assert int(queue[0]) == 2 and sorted(queue[2:4].tolist()) == spread
-    assert int(queue[1]) >= 2 * 2 * split_walk.SPLIT.value  # every ticket of both phases taken
-    stats = 2 * buf + HOT_WORDS.value + filtered.RESULTS.value
+    scratch = verify_kernel.scratch_for(inp["logits"])
+    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
+    assert sorted(scratch.queued_rows()) == spread
+    assert scratch.tickets_taken() >= 2 * 2 * split_walk.SPLIT.value  # every ticket of both phases taken
     for r in spread:
-        assert int(work[r, 2 * buf]) == split_walk.SPLIT.value  # every chunk finished
-        theta = int(work[r, stats + 5])
-        kept = torch.nonzero(_unsigned_key(logits[r]) >= theta).flatten()
-        assert 0 < int(work[r, stats]) == kept.numel()  # the packed count, not WALK_ROW
-        words = work[r].view(torch.int32)
-        assert torch.equal(words[2 * buf: 2 * buf + kept.numel()].long(), kept)
-        assert torch.equal(words[:kept.numel()].long() + 2**31, _unsigned_key(logits[r, kept]))
+        assert scratch.chunks_finished(r) == split_walk.SPLIT.value
+        stats = scratch.stats(r)
+        kept = torch.nonzero(_unsigned_key(logits[r]) >= stats["walk_bound"]).flatten()
+        assert 0 < stats["count"] == kept.numel()  # the packed count, not WALK_ROW
+        indices, keys = scratch.packed_list(r, kept.numel())
+        assert torch.equal(indices, kept)
+        assert torch.equal(keys, _unsigned_key(logits[r, kept]))
 
 
-def test_split_walks_past_the_queue_and_past_a_segment(monkeypatch):
+def test_split_walks_past_the_queue_and_past_a_segment():
     """Many queued walks (24 top-p rows whose bound takes every lane and 8 long-list rows of
     64: their chunks taken by the programs without a row of their own; the interpreter runs
     programs one after another, so each taker walks one row's chunks and decides it), at
@@ -514,28 +484,26 @@ def test_split_walks_past_the_queue_and_past_a_segment(monkeypatch):
                "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
                "temperature": torch.full((n,), 0.9), "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p,
                "seed": torch.arange(n) + 150})
-    caught = _catch_the_decision_launch(monkeypatch)
-    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
-    work, buf, queue = caught["work"].cpu(), caught["buf"], caught["queue"].cpu()
-    assert sorted(queue[2:2 + int(queue[0])].tolist()) == list(range(32))  # every top-p row walked in chunks
-    stats = work[:32, 2 * buf + HOT_WORDS.value + filtered.RESULTS.value:][:, :filtered.STATS.value]
-    assert stats[20:22, 0].tolist() == [75, 75] and stats[20:22, 6].tolist() == [filtered.BINS_NO_LIST.value] * 2
-    assert bool((stats[22:24, 0] == filtered.WALK_ROW.value).all())  # a segment overflowed: walked whole
-    assert stats[19, 6] == filtered.BINS_LIST.value  # phase 2 at the bins' bound
-    kept = torch.nonzero(_unsigned_key(logits[19].to(torch.bfloat16)) >= int(stats[19, 5])).flatten()
-    assert int(stats[19, 0]) == kept.numel() == 38
-    words = work[19].view(torch.int32)
-    assert torch.equal(words[2 * buf: 2 * buf + kept.numel()].long(), kept)
-    assert int(work[19, 2 * buf]) == split_walk.SPLIT.value  # every chunk of phase 2 finished
+    scratch = verify_kernel.scratch_for(inp["logits"], cap=8, block=16)
+    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16, scratch=scratch))
+    assert sorted(scratch.queued_rows()) == list(range(32))  # every top-p row walked in chunks
+    stats = [scratch.stats(r) for r in range(32)]
+    assert [(stats[r]["count"], stats[r]["bins"]) for r in (20, 21)] == [(75, filtered.BINS_NO_LIST.value)] * 2
+    assert all(stats[r]["count"] == filtered.WALK_ROW.value for r in (22, 23))  # a segment overflowed: walked whole
+    assert stats[19]["bins"] == filtered.BINS_LIST.value  # phase 2 at the bins' bound
+    kept = torch.nonzero(_unsigned_key(logits[19].to(torch.bfloat16)) >= stats[19]["walk_bound"]).flatten()
+    assert stats[19]["count"] == kept.numel() == 38
+    assert torch.equal(scratch.packed_list(19, kept.numel())[0], kept)
+    assert scratch.chunks_finished(19) == split_walk.SPLIT.value  # every chunk of phase 2 finished
     # Rows 0-18 (75 highs spread over 0.5 units, one per 4 logits): the list at the lowest lane
     # maximum (packed) falls short; for top-p 0.3 / 0.6 the bins' list (4 highs per chunk)
     # overflows a segment of phase 2 (walked whole at the bins' bound), for 0.9 / 0.99 the bins
     # show that the 60 best cannot reach the target (no list: the general path).
-    low = torch.arange(19) % 4 < 2
-    assert bool((stats[:19][low, 6] == filtered.BINS_LIST.value).all()), stats[:19].tolist()
-    assert bool((stats[:19][low, 0] == filtered.WALK_ROW.value).all())
-    assert bool((stats[:19][~low, 6] == filtered.BINS_NO_LIST.value).all()), stats[:19].tolist()
-    assert bool((stats[:19][~low, 0] > 0).all())
+    for r in range(19):
+        if r % 4 < 2:
+            assert (stats[r]["bins"], stats[r]["count"]) == (filtered.BINS_LIST.value, filtered.WALK_ROW.value), r
+        else:
+            assert stats[r]["bins"] == filtered.BINS_NO_LIST.value and stats[r]["count"] > 0, r
 
 
 @triton.jit
@@ -717,3 +685,10 @@ def test_ops_trace_as_single_nodes_with_their_fake_shapes():
     assert [n.target for n in calls if "dflash" in str(n.target)] == [torch.ops.dflash.dflash_verify_argmax.default]
     out = ep.module()(torch.randn(7, 9), torch.zeros(7, dtype=torch.int64), torch.tensor([0, 3, 4, 7]))
     assert out[0].shape == (3,) and out[1].shape == (3,)
+
+
+def test_a_scratch_made_for_other_logits_is_refused():
+    inp = _to(cases.verify_case(torch.Generator().manual_seed(12), 40, 12, 4, torch.float32))
+    other = verify_kernel.scratch_for(inp["logits"][:6])
+    with pytest.raises(ValueError, match=r"scratch of \(6, \d+\) words.*make it with scratch_for"):
+        verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=other)
