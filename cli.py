@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "`dflash-et run --seed SEED` drives, so that its drafts get accepted there, and write it as a "
         "z-lab checkpoint with export.yaml (the config, model.drafter naming the checkpoint). A random "
         "target's text is only learned where it was seen: export/models/distill.py says more. Runs on "
-        "the CPU, in float64 (about 10 s for the tiny presets).",
+        "the CPU, in float64: about 10 s for the tiny presets; meant for small models.",
     )
     d.add_argument("--config", required=True, help="YAML file or built-in config name (program: dflash)")
     d.add_argument("--output-dir", default=None, help="checkpoint directory (default: out/<config name>-distilled)")
