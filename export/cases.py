@@ -40,6 +40,81 @@ def logits(g: torch.Generator, rows: int, vocab: int, dtype: torch.dtype) -> tor
     return x.to(dtype)
 
 
+def _peaked(g, rows, vocab):  # an LLM-like row: a Gaussian body and a few dozen strongly preferred tokens
+    x = torch.randn(rows, vocab, generator=g) * 2.0
+    hot = min(24, vocab)
+    x.scatter_add_(1, torch.randint(0, vocab, (rows, hot), generator=g), 6.0 + 8.0 * torch.rand(rows, hot, generator=g))
+    return x
+
+
+def _power_law(g, rows, vocab):  # log-probability falling with log rank (Zipf, exponent 0.8-1.2)
+    exponent = 0.8 + 0.4 * torch.rand(rows, 1, generator=g)
+    ranked = -exponent * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))[None, :]
+    order = torch.argsort(torch.rand(rows, vocab, generator=g), dim=1)
+    return torch.gather(ranked.expand(rows, vocab), 1, order)
+
+
+def _nonfinite(g, rows, vocab):  # peaked rows with NaN and -inf spread over a tenth of the tokens each
+    x = _peaked(g, rows, vocab)
+    u = torch.rand(rows, vocab, generator=g)
+    x[u < 0.1] = float("nan")
+    x[(u >= 0.1) & (u < 0.2)] = float("-inf")
+    return x
+
+
+# Kinds of rows the heads must decide at the same speed and by the same rule (issue #25):
+# name -> (g, rows, vocab) -> [rows, V] float32.
+ROW_KINDS = {
+    "peaked": _peaked,
+    "power-law": _power_law,
+    "flat": lambda g, rows, vocab: torch.randn(rows, vocab, generator=g),
+    "equal": lambda g, rows, vocab: torch.zeros(rows, vocab),
+    "ties": lambda g, rows, vocab: (torch.randn(rows, vocab, generator=g) * 2.0).round(),  # ~15 values
+    "nan/-inf": _nonfinite,
+}
+
+
+def kind_logits(g: torch.Generator, kind: str, rows: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, V] rows of one of ROW_KINDS, in `dtype`."""
+    if kind not in ROW_KINDS:
+        raise ValueError(f"row kind {kind!r} is not one of {list(ROW_KINDS)}")
+    return ROW_KINDS[kind](g, rows, vocab).to(dtype)
+
+
+def kind_modes(vocab: int) -> dict[str, tuple[float, int, float]]:
+    """The sampling modes each row kind is decided under (issue #25): name -> (temperature,
+    top_k, top_p)."""
+    return {
+        "greedy": (0.0, 0, 1.0),
+        **{f"temperature {t}": (t, 0, 1.0) for t in (0.7, 1.0, 1.5)},
+        **{f"top-p {p}": (1.0, 0, p) for p in (0.9, 0.95, 0.99)},
+        **{f"top-k {k}": (1.0, min(k, vocab), 1.0) for k in (1, 50, 1000)},
+        "top-k V": (1.0, vocab, 1.0),
+        "top-k 40 + top-p 0.9": (1.0, min(40, vocab), 0.9),
+        "top-k 1000 + top-p 0.95": (1.0, min(1000, vocab), 0.95),
+    }
+
+
+def kinds_case(g: torch.Generator, vocab: int, dtype: torch.dtype, pairs: list[tuple[str, str]],
+               rows_per_owner: int) -> dict:
+    """Inputs of dflash_verify: one owner of `rows_per_owner` rows of each (row kind, mode)
+    pair, its drafts the target's own tokens for a random prefix (`plant_target_tokens`)."""
+    modes = kind_modes(vocab)
+    owners = len(pairs)
+    x = torch.cat([kind_logits(g, kind, rows_per_owner, vocab, dtype) for kind, _ in pairs])
+    params = {
+        "start_position": torch.randint(0, 1 << 40, (owners,), generator=g),
+        "temperature": torch.tensor([modes[m][0] for _, m in pairs], dtype=torch.float32),
+        "top_k": torch.tensor([modes[m][1] for _, m in pairs], dtype=torch.int64),
+        "top_p": torch.tensor([modes[m][2] for _, m in pairs], dtype=torch.float32),
+        "seed": torch.randint(-(1 << 62), 1 << 62, (owners,), generator=g),
+    }
+    offsets = torch.arange(owners + 1, dtype=torch.int64) * rows_per_owner
+    tokens = torch.randint(0, vocab, (owners * rows_per_owner,), generator=g)
+    plant_target_tokens(g, x, tokens, offsets, params, vocab)
+    return {"logits": x, "tokens": tokens, "offsets": offsets, **params}
+
+
 def owner_params(g: torch.Generator, owners: int, vocab: int, greedy_only: bool = False) -> dict:
     temperature = _pick(g, TEMPERATURES, owners, torch.float32)
     if greedy_only:

@@ -6,6 +6,7 @@ shrinks and the slow top-k / top-p path (key searches) on small vocabularies.
 """
 
 import dataclasses
+import itertools
 import os
 
 import pytest
@@ -692,3 +693,28 @@ def test_a_scratch_made_for_other_logits_is_refused():
     other = verify_kernel.scratch_for(inp["logits"][:6])
     with pytest.raises(ValueError, match=r"scratch of \(6, \d+\) words.*make it with scratch_for"):
         verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=other)
+
+
+KIND_VOCAB = 64  # every row kind under every mode is 78 rows: small V keeps the interpreter's walk short
+
+
+def _kinds_case(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    pairs = list(itertools.product(cases.ROW_KINDS, cases.kind_modes(KIND_VOCAB)))
+    return _to(cases.kinds_case(g, KIND_VOCAB, torch.bfloat16, pairs, rows_per_owner=1))
+
+
+def test_verify_decides_every_row_kind_under_every_mode():
+    """Issue #25's row kinds (LLM-like, power-law, flat, equal, tied, NaN / -inf) under its
+    modes (temperature only, top-p 0.9-0.99, top-k 1 to V, top-k + top-p, greedy), one owner
+    each, bfloat16: the reference's tokens, apart from SPEC.md's legal bands."""
+    inp = _kinds_case(51)
+    _check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
+    _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+
+
+def test_sample_rows_decides_every_row_kind_under_every_mode():
+    inp = _kinds_case(52)
+    sample = {"logits": inp["logits"], "position": inp["start_position"] + 1, **{
+        k: inp[k] for k in ("temperature", "top_k", "top_p", "seed")}}
+    _check_samples(sample, torch.ops.dflash.sample_rows(*[sample[k] for k in SAMPLE_KEYS]))

@@ -7,6 +7,7 @@ Judge: the plain-PyTorch reference on the same GPU, with SPEC.md's legal bands.
 DFLASH_GPU_SUITE=small shrinks the sizes (for compute-sanitizer runs).
 """
 
+import itertools
 import os
 
 import pytest
@@ -67,6 +68,32 @@ def test_verify_parity_on_gpu(vocab, dtype):
           f"{differ} owners differ, all inside legal bands ({close} owners in a band)")
     got = torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in KEYS[:3]])
     _judge(inp, got, greedy=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_parity_on_row_kinds(dtype):
+    """Issue #25's row kinds under its modes (`cases.kinds_case`: one owner of 4 rows per
+    pair), at the largest vocab of the suite; dflash_verify, its argmax variant and
+    sample_rows on the same rows."""
+    vocab = VOCABS[-1]
+    g = torch.Generator().manual_seed(25)
+    pairs = list(itertools.product(cases.ROW_KINDS, cases.kind_modes(vocab)))
+    inp = {k: v.cuda() for k, v in cases.kinds_case(g, vocab, dtype, pairs, rows_per_owner=4).items()}
+    got = torch.ops.dflash.dflash_verify(*[inp[k] for k in KEYS])
+    close, differ = _judge(inp, got, greedy=False)
+    print(f"V={vocab} {dtype} row kinds x modes, {len(pairs)} owners: {differ} differ, all inside legal bands "
+          f"({close} in a band)")
+    _judge(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in KEYS[:3]]), greedy=True)
+    rows = inp["logits"].shape[0]
+    owner = torch.arange(rows, device="cuda") // 4
+    sample = {"logits": inp["logits"], "position": inp["start_position"][owner] + torch.arange(rows, device="cuda") % 4 + 1,
+              **{k: inp[k][owner] for k in ("temperature", "top_k", "top_p", "seed")}}
+    args = [sample[k] for k in cases.SAMPLE_INPUTS]
+    want = heads.SampleRows()(*args)
+    u = rng.uniform(sample["seed"], sample["position"], rng.SAMPLE)
+    close = legal.close_rows(sample["logits"], sample["temperature"], sample["top_k"], sample["top_p"], u)
+    bad = (torch.ops.dflash.sample_rows(*args) != want) & ~close
+    assert not bool(bad.any()), f"sample_rows: rows {torch.nonzero(bad)[:5].flatten().tolist()} differ"
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
