@@ -8,6 +8,13 @@ triton.testing.do_bench) each head at owners {1, 8, 64} x 16 rows, V in
 their torch.compile versions. Prints a markdown table and writes it to --out.
 
     python benchmarks/bench_verify.py --out benchmarks/RESULTS.md [--quick] [--breakdown]
+    python benchmarks/bench_verify.py --kinds [--quick] --out kinds.md   (scripts/gpu-checks.sh bench --kinds)
+
+--kinds times issue #25's table instead: dflash_verify at 64 owners x 16 rows, V = 151936,
+on every row kind of `export/cases.py` (LLM-like, power-law, flat, equal, ties, NaN / -inf)
+under every mode (temperature 0.7-1.5, top-p 0.9-0.99, top-k 1 to V, top-k + top-p, greedy),
+x floor, the worst kind per mode; sample_rows on 64 rows of each against one torch.amax read;
+the worst cases against the issue's targets (--quick: bfloat16 only).
 
 Fused times are CUDA-graph replays (`graph_ms`: no Python launch overhead, as a runtime
 launches them); the baselines are timed as called from Python (0.3 ms and up: the
@@ -189,6 +196,98 @@ def fused_op(mode: str):
     return torch.ops.dflash.dflash_verify
 
 
+KINDS_SHAPE = (64, 151936)  # owners (of ROWS_PER_OWNER rows), V: issue #25's shape
+DEVICE = "cuda"  # (tests/benchmarks runs the table's plumbing on the CPU)
+TARGETS = {"bf16": 4.0, "fp32": 5.0, "greedy": 1.15, "temperature": 1.5, "sample_rows": 2.0}  # issue #25
+
+
+def kinds_table(say, bw: float, dtypes) -> None:
+    """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
+    under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
+    through dflash_verify, as a mixed batch runs it): x floor per cell, the worst kind per
+    mode; then sample_rows on 64 rows of each kind against one torch.amax read of the same
+    rows; then the worst cases against issue #25's targets."""
+    owners, vocab = KINDS_SHAPE
+    rows = owners * ROWS_PER_OWNER
+    modes = cases.kind_modes(vocab)
+    kinds = list(cases.ROW_KINDS)
+    g = torch.Generator(device=DEVICE).manual_seed(25)
+    worst = {}  # (what, dtype) -> (x, mode, kind)
+
+    def note(key, x, mode, kind):
+        if x > worst.get(key, (0.0,))[0]:
+            worst[key] = (x, mode, kind)
+
+    def inputs(kind, n, dtype, mode):
+        x = cases.kind_logits(g, kind, n, vocab, dtype)
+        t, k, p = modes[mode]
+        owners_n = max(1, n // ROWS_PER_OWNER)
+        draft = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
+        return {"logits": x, "tokens": torch.cat([draft[:1], draft[:-1]]),
+                "offsets": torch.arange(owners_n + 1, device=DEVICE) * (n // owners_n),
+                "start_position": torch.randint(0, 4096, (owners_n,), generator=g, device=DEVICE),
+                "temperature": torch.full((owners_n,), t, device=DEVICE),
+                "top_k": torch.full((owners_n,), k, dtype=torch.int64, device=DEVICE),
+                "top_p": torch.full((owners_n,), p, device=DEVICE),
+                "seed": torch.arange(owners_n, device=DEVICE) + 1234}
+
+    for dtype in dtypes:
+        name = str(dtype).split(".")[-1]
+        nbytes = rows * vocab * dtype.itemsize
+        floor_ms = nbytes / bw * 1e3
+        copies = max(MIN_COPIES, math.ceil(ROTATE_BYTES / nbytes))
+        say()
+        say(f"dflash_verify, {owners} x {ROWS_PER_OWNER} rows, V = {vocab}, {name}: x floor ({floor_ms * 1e3:.0f} us) "
+            "per row kind")
+        say()
+        say("| mode | " + " | ".join(kinds) + " | worst |")
+        say("|---" * (len(kinds) + 2) + "|")
+        for mode in modes:
+            cells = {}
+            for kind in kinds:
+                argsets = [[c[k] for k in KEYS] for c in (inputs(kind, rows, dtype, mode) for _ in range(copies))]
+                cells[kind] = graph_ms(torch.ops.dflash.dflash_verify, argsets) / floor_ms
+                del argsets
+                note((name, name), cells[kind], mode, kind)  # the worst over every mode
+                if mode == "greedy" or mode.startswith("temperature"):
+                    note((mode.split()[0], name), cells[kind], mode, kind)
+            top = max(cells, key=cells.get)
+            say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
+
+    say()
+    say("sample_rows, 64 rows, V = 151936, bfloat16: time / one torch.amax read of the same rows (graph-captured)")
+    say()
+    say("| mode | " + " | ".join(kinds) + " | worst |")
+    say("|---" * (len(kinds) + 2) + "|")
+    amax = {}
+    for mode in modes:
+        cells = {}
+        for kind in kinds:
+            made = [inputs(kind, 64, torch.bfloat16, mode) for _ in range(max(MIN_COPIES, ROTATE_BYTES // (64 * vocab * 2)))]
+            if kind not in amax:
+                amax[kind] = graph_ms(lambda x: torch.amax(x, -1), [[c["logits"]] for c in made])
+            n = ROWS_PER_OWNER  # owners of 16 rows: the per-row parameters repeat per owner
+            argsets = [[c["logits"], c["start_position"].repeat_interleave(n), c["temperature"].repeat_interleave(n),
+                        c["top_k"].repeat_interleave(n), c["top_p"].repeat_interleave(n),
+                        c["seed"].repeat_interleave(n)] for c in made]
+            cells[kind] = graph_ms(torch.ops.dflash.sample_rows, argsets) / amax[kind]
+            note(("sample_rows", "bfloat16"), cells[kind], mode, kind)
+        top = max(cells, key=cells.get)
+        say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
+
+    say()
+    say("Worst cases against issue #25's targets:")
+    say()
+    say("| what | worst | mode, kind | target |")
+    say("|---|---|---|---|")
+    for (group, name), (x, mode, kind) in sorted(worst.items()):
+        target = TARGETS["bf16" if name == "bfloat16" else "fp32"] if group == name else TARGETS[group]
+        what = f"dflash_verify {name}, {'every mode' if group == name else group}"
+        if group == "sample_rows":
+            what = "sample_rows bfloat16 (x one amax read)"
+        say(f"| {what} | {x:.2f}x | {mode}, {kind} | <= {target}x {'met' if x <= target else 'NOT met'} |")
+
+
 def call_once(mode: str, owners: int = 64, flat: bool = False, calls: int = 5) -> int:
     """--once: the headline case of one mode (64 owners x 16 rows, V = 151936, bf16), called
     a few times and nothing else: a target for ncu / nsys."""
@@ -215,6 +314,9 @@ def main(argv=None) -> int:
     ap.add_argument("--owners", type=int, default=64, help="--once: owners of 16 rows (default 64)")
     ap.add_argument("--flat", action="store_true", help="--once: flat rows (the top-p slow path)")
     ap.add_argument("--fused-only", action="store_true", help="time the fused heads only (no baselines)")
+    ap.add_argument("--kinds", action="store_true",
+                    help="only the row-kind table (issue #25): dflash_verify and sample_rows on every row kind under "
+                         "every mode, the worst case per mode, against the targets")
     ap.add_argument("--per-input", action="store_true",
                     help="also time each rotating input of the headline sampling cases alone, with its per-kernel "
                          "times (a launch waits for its slowest row: which input holds it)")
@@ -245,6 +347,12 @@ def main(argv=None) -> int:
     say(f"  them, no Python launch overhead; >= {GRAPH_CALLS} calls per graph, which shares the graph's own")
     say("  launch among them); launched us: the same op called from Python (do_bench)")
     say()
+    if args.kinds:
+        kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32])
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
+        return 0
     say("| head | owners x rows | V | dtype | mode | fused us | x floor | launched us | sort eager us | "
         "sort compiled us | ref eager us | ref compiled us | vs sort eager | vs best baseline |")
     say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -41,41 +41,44 @@ def logits(g: torch.Generator, rows: int, vocab: int, dtype: torch.dtype) -> tor
 
 
 def _peaked(g, rows, vocab):  # an LLM-like row: a Gaussian body and a few dozen strongly preferred tokens
-    x = torch.randn(rows, vocab, generator=g) * 2.0
+    d = g.device
+    x = torch.randn(rows, vocab, generator=g, device=d) * 2.0
     hot = min(24, vocab)
-    x.scatter_add_(1, torch.randint(0, vocab, (rows, hot), generator=g), 6.0 + 8.0 * torch.rand(rows, hot, generator=g))
+    boost = 6.0 + 8.0 * torch.rand(rows, hot, generator=g, device=d)
+    x.scatter_add_(1, torch.randint(0, vocab, (rows, hot), generator=g, device=d), boost)
     return x
 
 
 def _power_law(g, rows, vocab):  # log-probability falling with log rank (Zipf, exponent 0.8-1.2)
-    exponent = 0.8 + 0.4 * torch.rand(rows, 1, generator=g)
-    ranked = -exponent * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))[None, :]
-    order = torch.argsort(torch.rand(rows, vocab, generator=g), dim=1)
+    d = g.device
+    exponent = 0.8 + 0.4 * torch.rand(rows, 1, generator=g, device=d)
+    ranked = -exponent * torch.log(torch.arange(1, vocab + 1, dtype=torch.float32, device=d))[None, :]
+    order = torch.argsort(torch.rand(rows, vocab, generator=g, device=d), dim=1)
     return torch.gather(ranked.expand(rows, vocab), 1, order)
 
 
 def _nonfinite(g, rows, vocab):  # peaked rows with NaN and -inf spread over a tenth of the tokens each
     x = _peaked(g, rows, vocab)
-    u = torch.rand(rows, vocab, generator=g)
+    u = torch.rand(rows, vocab, generator=g, device=g.device)
     x[u < 0.1] = float("nan")
     x[(u >= 0.1) & (u < 0.2)] = float("-inf")
     return x
 
 
 # Kinds of rows the heads must decide at the same speed and by the same rule (issue #25):
-# name -> (g, rows, vocab) -> [rows, V] float32.
+# name -> (g, rows, vocab) -> [rows, V] float32 on g's device.
 ROW_KINDS = {
     "peaked": _peaked,
     "power-law": _power_law,
-    "flat": lambda g, rows, vocab: torch.randn(rows, vocab, generator=g),
-    "equal": lambda g, rows, vocab: torch.zeros(rows, vocab),
-    "ties": lambda g, rows, vocab: (torch.randn(rows, vocab, generator=g) * 2.0).round(),  # ~15 values
+    "flat": lambda g, rows, vocab: torch.randn(rows, vocab, generator=g, device=g.device),
+    "equal": lambda g, rows, vocab: torch.zeros(rows, vocab, device=g.device),
+    "ties": lambda g, rows, vocab: (torch.randn(rows, vocab, generator=g, device=g.device) * 2.0).round(),  # ~15
     "nan/-inf": _nonfinite,
 }
 
 
 def kind_logits(g: torch.Generator, kind: str, rows: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
-    """[rows, V] rows of one of ROW_KINDS, in `dtype`."""
+    """[rows, V] rows of one of ROW_KINDS, in `dtype`, on `g`'s device."""
     if kind not in ROW_KINDS:
         raise ValueError(f"row kind {kind!r} is not one of {list(ROW_KINDS)}")
     return ROW_KINDS[kind](g, rows, vocab).to(dtype)

@@ -1,0 +1,46 @@
+"""bench_verify.py --kinds (issue #25's worst-case table) end to end on the CPU, with the
+timing replaced by a stand-in (the benchmark itself needs a GPU): every row kind is timed
+under every mode, the table has a cell per (mode, kind), and the worst cases are set
+against the targets. A crash here would otherwise cost a GPU call."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_verify  # noqa: E402
+
+from dflash_et.export import cases  # noqa: E402
+
+
+def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
+    timed, made = [], []
+    real_kind_logits = cases.kind_logits
+
+    def kind_logits(g, kind, *args):
+        made.append(kind)
+        return real_kind_logits(g, kind, *args)
+
+    def fake_graph_ms(fn, argsets):  # 1 ms, 3 ms for top-p 0.99 on flat rows: the worst case
+        timed.append((fn, argsets[0][0].shape))
+        slow = made[-1] == "flat" and fn is torch.ops.dflash.dflash_verify and bool((argsets[0][6] == 0.99).all())
+        return 3.0 if slow else 1.0
+
+    monkeypatch.setattr(cases, "kind_logits", kind_logits)
+    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
+    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
+    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    lines = []
+    bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16])  # floor: 1 ms
+    modes, kinds = cases.kind_modes(64), list(cases.ROW_KINDS)
+    verify = [t for t in timed if t[0] is torch.ops.dflash.dflash_verify]
+    assert len(verify) == len(modes) * len(kinds) and all(shape == (32, 64) for _, shape in verify)
+    table = [x for x in lines if x.startswith("| top-p 0.99 |")][0]
+    assert table.endswith("| 3.00 (flat) |"), table
+    worst = {x.split(" | ")[0]: x for x in lines if x.startswith("| dflash_verify") or x.startswith("| sample_rows")}
+    assert worst["| dflash_verify bfloat16, every mode"].endswith("| 3.00x | top-p 0.99, flat | <= 4.0x met |")
+    assert worst["| dflash_verify bfloat16, greedy"].endswith("| 1.00x | greedy, peaked | <= 1.15x met |")
+    assert worst["| sample_rows bfloat16 (x one amax read)"].endswith("| <= 2.0x met |")
