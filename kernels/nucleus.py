@@ -38,7 +38,7 @@ target). `split_walk` runs both passes in chunks over many programs and calls
 `wide_bound_of` on the bins they added up. On the benchmark's LLM-like rows a few in
 4096 have a nucleus over 1024 tokens or more candidates than the list holds; most are
 decided here, a nucleus of thousands of tokens still takes the general path, and the flat
-rows pay the counting pass (benchmarks/RESULTS.md, session 15 onwards).
+rows pay the counting pass (benchmarks/RESULTS.md's history, session 15 onwards).
 
 The general path gets what the same bins tell (`_cut_bracket`): keys lo <= cut <= hi from
 the bins' mass bounds, a few bins apart (0.25-1.6 units of x / T on the test's rows), which

@@ -5,7 +5,7 @@ to a whole-row walk (`dense_collect.walk_collect`). Done by the row's own progra
 `verify_filtered_kernel`, one program reads the whole row while the launch's other programs
 have exited, and the launch waits for it (and, where that list falls short of the target,
 for two more single-program passes of `nucleus.wide_list`); the benchmark's LLM-like rows
-have a few such rows per 1024 (benchmarks/RESULTS.md, sessions 20-21).
+have a few such rows per 1024 (benchmarks/RESULTS.md's history, sessions 20-21).
 
 Here the FILTERED row launch queues such rows (`queue_walk`). In the decision launch, every
 program without a row of its own to decide takes chunks by an atomic ticket

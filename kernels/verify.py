@@ -19,7 +19,7 @@ Algorithm, four launches (no host synchronisation between them):
    is left to launch 3), decided there when they have <= 256 candidates (one sort entry
    per thread). The pass itself stays in launch 1, at that launch's occupancy: the
    FILTERED instance needs more registers, and the pass there ran slower
-   (benchmarks/RESULTS.md, sessions 20-21).
+   (benchmarks/RESULTS.md's history, sessions 20-21).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
    decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
    whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
