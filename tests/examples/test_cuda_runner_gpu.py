@@ -68,7 +68,8 @@ def _distilled() -> str:
     """The tiny drafter distilled (`dflash-et distill`) on the greedy text of the float32
     checks' prompts: their greedy owners commit whole blocks, so the runner's commits of
     several rows per step run (a random drafter's drafts are rejected)."""
-    cfg = config.load("tiny-dflash-greedy")
+    cfg = config.load(EXPORTS["greedy-f32"][0])  # the float32 exports' limits, target and drafter
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float32"))
     out = Path(tempfile.mkdtemp(prefix="dflash-distilled-")) / "drafter"
     return str(distilling.distill_checkpoint(cfg, out, seed=F32_SEED, say=lambda text: None))
 
