@@ -77,17 +77,24 @@ def make_inputs(g, owners, vocab, dtype, mode, flat=False):
     rows = owners * ROWS_PER_OWNER
     x = (torch.randn(rows, vocab, generator=g, device="cuda") * 1.0).to(dtype) if flat else \
         realistic_logits(g, rows, vocab, dtype)
-    t, k, p = MODES[mode]
-    draft = x.float().argmax(-1)  # right for greedy owners, often right for sampling ones
-    tokens = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), draft[:-1]])
-    offsets = torch.arange(owners + 1, device="cuda") * ROWS_PER_OWNER
+    return verify_inputs(g, x, owners, MODES[mode])
+
+
+def verify_inputs(g, x, owners, params):
+    """dflash_verify's inputs on logits `x` of `owners` owners of equal row counts, every
+    owner with `params` (temperature, top_k, top_p): each row's argmax is the next row's
+    draft (right for greedy owners, often right for sampling ones)."""
+    t, k, p = params
+    device = x.device
+    draft = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
     return {
-        "logits": x, "tokens": tokens, "offsets": offsets,
-        "start_position": torch.randint(0, 4096, (owners,), generator=g, device="cuda"),
-        "temperature": torch.full((owners,), t, device="cuda"),
-        "top_k": torch.full((owners,), k, dtype=torch.int64, device="cuda"),
-        "top_p": torch.full((owners,), p, device="cuda"),
-        "seed": torch.arange(owners, device="cuda") + 1234,
+        "logits": x, "tokens": torch.cat([torch.zeros(1, dtype=torch.int64, device=device), draft[:-1]]),
+        "offsets": torch.arange(owners + 1, device=device) * (x.shape[0] // owners),
+        "start_position": torch.randint(0, 4096, (owners,), generator=g, device=device),
+        "temperature": torch.full((owners,), t, device=device),
+        "top_k": torch.full((owners,), k, dtype=torch.int64, device=device),
+        "top_p": torch.full((owners,), p, device=device),
+        "seed": torch.arange(owners, device=device) + 1234,
     }
 
 
@@ -218,18 +225,8 @@ def kinds_table(say, bw: float, dtypes) -> None:
         if x > worst.get(key, (0.0,))[0]:
             worst[key] = (x, mode, kind)
 
-    def inputs(kind, n, dtype, mode):
-        x = cases.kind_logits(g, kind, n, vocab, dtype)
-        t, k, p = modes[mode]
-        owners_n = max(1, n // ROWS_PER_OWNER)
-        draft = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
-        return {"logits": x, "tokens": torch.cat([draft[:1], draft[:-1]]),
-                "offsets": torch.arange(owners_n + 1, device=DEVICE) * (n // owners_n),
-                "start_position": torch.randint(0, 4096, (owners_n,), generator=g, device=DEVICE),
-                "temperature": torch.full((owners_n,), t, device=DEVICE),
-                "top_k": torch.full((owners_n,), k, dtype=torch.int64, device=DEVICE),
-                "top_p": torch.full((owners_n,), p, device=DEVICE),
-                "seed": torch.arange(owners_n, device=DEVICE) + 1234}
+    def inputs(kind, n, dtype, mode):  # n rows of `kind`, owners of ROWS_PER_OWNER rows in `mode`
+        return verify_inputs(g, cases.kind_logits(g, kind, n, vocab, dtype), n // ROWS_PER_OWNER, modes[mode])
 
     for dtype in dtypes:
         name = str(dtype).split(".")[-1]

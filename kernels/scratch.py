@@ -27,7 +27,8 @@ assert len(STAT_NAMES) == STATS.value
 @dataclass
 class Scratch:
     """One `dflash_verify` launch's scratch: `work` [rows, width] int64, `queue`, and the BUF
-    of its decision launch (the candidate list's capacity, half of it in int64 words)."""
+    of its decision launch (a row's candidate list holds up to 2 BUF entries, in 2 BUF int64
+    words)."""
     work: torch.Tensor
     queue: torch.Tensor
     buf: int
