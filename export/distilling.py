@@ -27,6 +27,14 @@ EXPORT_CONFIG = "export.yaml"
 RECORD = "distill.json"
 
 
+def eager_program(cfg: ExportConfig):
+    """`cfg`'s program as eager modules (`driver.Program.eager`), with its target and drafter
+    (shared with the program's methods: loading weights into the drafter changes them)."""
+    spec = builder.build(dataclasses.replace(cfg, backend="portable"))
+    methods = {m.name: m.module for m in spec.methods}
+    return driver.Program.eager(spec), methods["target_verify"].target, methods["draft_forward"].drafter
+
+
 def distill_checkpoint(cfg: ExportConfig, output_dir: str | Path, seed: int = 0, recipe: Recipe = Recipe(),
                        force: bool = False, say=print) -> Path:
     """Distil `cfg`'s drafter into `output_dir`; returns the directory."""
@@ -36,11 +44,8 @@ def distill_checkpoint(cfg: ExportConfig, output_dir: str | Path, seed: int = 0,
     out = Path(output_dir)
     if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
         raise ArtifactError(f"{out} already exists; pass --force to replace it, or choose another --output-dir")
-    spec = builder.build(dataclasses.replace(cfg, backend="portable"))  # the eager modules
-    program = driver.Program.eager(spec)
-    methods = {m.name: m.module for m in spec.methods}
-    target, drafter = methods["target_verify"].target, methods["draft_forward"].drafter
-    owners = driver.scenario(program, seed, owners=spec.constants["max_owners"])
+    program, target, drafter = eager_program(cfg)
+    owners = driver.scenario(program, seed, owners=program.constants["max_owners"])
     prompts = [o.prompt for o in owners]
 
     def acceptance() -> float:
@@ -52,7 +57,7 @@ def distill_checkpoint(cfg: ExportConfig, output_dir: str | Path, seed: int = 0,
     drafter.load_state_dict(distill(target, drafter, prompts, recipe, say=say))
     after = acceptance()
     say(f"mean acceptance length of `dflash-et run --seed {seed}`'s owners on the eager modules: {before:.2f} "
-        f"with the drafter as it was, {after:.2f} distilled (max {spec.constants['block_size']}; sampling owners "
+        f"with the drafter as it was, {after:.2f} distilled (max {program.constants['block_size']}; sampling owners "
         "leave the greedy text)")
 
     exported = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, drafter=str(out)))

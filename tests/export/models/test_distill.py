@@ -4,7 +4,7 @@ stay those of target-only decoding; bad recipes and prompts are refused by name.
 
 import pytest
 
-from dflash_et.export import builder, config, driver
+from dflash_et.export import config, distilling, driver
 from dflash_et.export.config import ConfigError
 from dflash_et.export.models import distill
 
@@ -12,9 +12,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def _program(name: str = "tiny-dflash-greedy"):
-    spec = builder.build(config.load(name))
-    modules = {m.name: m.module for m in spec.methods}
-    return driver.Program.eager(spec), modules["target_verify"].target, modules["draft_forward"].drafter
+    return distilling.eager_program(config.load(name))
 
 
 def test_distilled_drafts_of_the_greedy_text_are_accepted_and_change_no_token():
