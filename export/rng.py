@@ -9,8 +9,9 @@ SPEC.md, "Randomness": Philox4x32-10 (Random123, Salmon et al., SC'11) with
 Written for export to the portable CPU kernels: uint32 arithmetic is emulated in
 int64 with explicit masks, the 32x32 -> 64 bit products are split into 16-bit
 halves so no intermediate reaches 2^63 (no reliance on signed overflow), and
-right shifts are floor divisions by powers of two (the portable kernels and the
-core ATen opset have no `>>` on a scalar).
+right shifts are exact float64 floor divisions by powers of two (`floor_div_pow2`:
+the portable kernels and the core ATen opset have no `>>` on a scalar, and Inductor
+compiled the integer floor division through float32).
 """
 
 import torch
@@ -27,12 +28,17 @@ PHILOX_ROUNDS = 10
 
 _MASK32 = 0xFFFFFFFF
 _TWO16 = 1 << 16
-_TWO32 = 1 << 32
 
 
-def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    # x >= 0 here, so floor division is the logical right shift.
-    return torch.div(x, 1 << bits, rounding_mode="floor")
+def floor_div_pow2(x: torch.Tensor, power: int) -> torch.Tensor:  # [N] int64 -> [N] int64
+    """floor(x / 2^power) in float64, exact where x has at most 53 significant bits
+    (|x| < 2^53, or any multiple of 2^32 in int64 range, as `split_u32` divides). torch
+    2.11's Inductor (AOTInductor, `lowering.fused_verify: false`) compiled the integer
+    `torch.div(..., rounding_mode="floor")` through float32: 24 bits for 32-bit words
+    (wrong Philox words, wrong search keys) and a float32 index into the sampling
+    reference's scale table that failed the export ("indices must be int64"). The
+    portable kernels have no `>>` for a shift."""
+    return torch.floor(x.to(torch.float64) * 2.0 ** -power).to(torch.int64)
 
 
 def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +46,7 @@ def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m_hi, m_lo = m >> 16, m & 0xFFFF
     p1 = x * m_hi  # < 2^48
     p0 = x * m_lo  # < 2^48
-    hi = _shr(p1 + _shr(p0, 16), 16)  # floor((p1 * 2^16 + p0) / 2^32), < 2^49 inside
+    hi = floor_div_pow2(p1 + floor_div_pow2(p0, 16), 16)  # floor((p1 * 2^16 + p0) / 2^32), < 2^49 inside
     lo = torch.bitwise_and(torch.bitwise_and(p1, 0xFFFF) * _TWO16 + p0, _MASK32)
     return hi, lo
 
@@ -49,7 +55,7 @@ def split_u32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two's-complement (lo, hi) 32-bit words of int64 values, each in [0, 2^32)."""
     lo = torch.bitwise_and(x, _MASK32)
     # (x - lo) is a multiple of 2^32; the floor division is exact for negatives too.
-    hi = torch.bitwise_and(torch.div(x - lo, _TWO32, rounding_mode="floor"), _MASK32)
+    hi = torch.bitwise_and(floor_div_pow2(x - lo, 32), _MASK32)
     return lo, hi
 
 
@@ -84,4 +90,4 @@ def uniform(
     zero = torch.zeros_like(pos_lo)
     x0, _, _, _ = philox4x32_10(zero, pos_lo, zero + purpose, pos_hi, seed_lo, seed_hi)
     # (x0 >> 9) < 2^23, so 2 * (x0 >> 9) + 1 < 2^24 converts to float32 exactly.
-    return (_shr(x0, 9) * 2 + 1).to(torch.float32) * (2.0**-24)
+    return (floor_div_pow2(x0, 9) * 2 + 1).to(torch.float32) * (2.0**-24)

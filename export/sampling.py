@@ -21,6 +21,8 @@ bit-cast op is needed.
 
 import torch
 
+from .rng import floor_div_pow2
+
 FLT_MAX = 3.4028234663852886e38
 
 # Ordered keys: k >= 0 is the float32 with bit pattern k, k < 0 the negation of
@@ -42,15 +44,6 @@ def sanitize(logits: torch.Tensor) -> torch.Tensor:  # [N, V] any float -> [N, V
 def _pow2_table(device: torch.device) -> torch.Tensor:  # [255] float64
     # 2^(d - 149): the scale of biased exponent max(E, 1) is entry E - 1 (all exact).
     return torch.tensor([2.0 ** (d - 149) for d in range(255)], dtype=torch.float64, device=device)
-
-
-def floor_div_pow2(x: torch.Tensor, power: int) -> torch.Tensor:  # [N] int64 -> [N] int64
-    """floor(x / 2^power) for |x| < 2^53, in float64, where it is exact. torch 2.11's
-    Inductor (AOTInductor, `lowering.fused_verify: false`) compiled the integer
-    `torch.div(..., rounding_mode="floor")` of the searches through float32: 24 bits
-    for 32-bit keys, and a float32 index into the scale table that failed the
-    export ("indices must be int64")."""
-    return torch.floor(x.to(torch.float64) * 2.0 ** -power).to(torch.int64)
 
 
 def key_to_value(key: torch.Tensor, pow2: torch.Tensor) -> torch.Tensor:  # [N] int64 -> [N] float32

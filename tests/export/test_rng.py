@@ -4,7 +4,7 @@ import spec_oracle
 import pytest
 import torch
 
-from dflash_et.export import rng
+from dflash_et.export import rng, sampling
 
 pytestmark = pytest.mark.quick  # scripts/test.sh --quick
 
@@ -63,3 +63,29 @@ def test_uniform_is_an_odd_multiple_of_two_to_the_minus_24():
     u = rng.uniform(torch.arange(2000), torch.arange(2000) * 7919, rng.SAMPLE).double() * 2.0**24
     assert bool((u == u.round()).all())
     assert bool((u.long() % 2 == 1).all())
+
+
+def test_floor_div_pow2_is_integer_floor_division_over_the_search_range():
+    """The searches' midpoints and key exponents: exact floor division, negative values
+    and the ends of the key range included (it runs in float64, exact below 2^53)."""
+    g = torch.Generator().manual_seed(14)
+    lo, hi = 2 * (sampling.KEY_MIN - 1), 2 * sampling.KEY_MAX + 1  # (lo + hi + 1) of any search step
+    x = torch.cat([torch.randint(lo, hi + 1, (4000,), generator=g),
+                   torch.tensor([lo, hi, -3, -2, -1, 0, 1, 2, 3, (1 << 23) - 1, 1 << 23, -(1 << 23) - 1])])
+    for power in (1, 23):
+        got = rng.floor_div_pow2(x, power)
+        assert got.dtype == torch.int64
+        assert got.tolist() == [v // (1 << power) for v in x.tolist()], power
+
+
+def test_floor_div_pow2_is_exact_for_the_philox_words():
+    """Philox's uses: the 16-bit halves of 48-bit products (< 2^49), x0 >> 9, and
+    `split_u32`'s multiples of 2^32 over the whole int64 range (exact in float64: at most
+    31 significant bits)."""
+    g = torch.Generator().manual_seed(15)
+    small = torch.cat([torch.randint(0, 1 << 49, (4000,), generator=g), torch.tensor([0, 1, (1 << 49) - 1])])
+    for power in (9, 16):
+        assert rng.floor_div_pow2(small, power).tolist() == [v >> power for v in small.tolist()], power
+    words = torch.cat([torch.randint(-(1 << 31), 1 << 31, (4000,), generator=g),
+                       torch.tensor([-(1 << 31), (1 << 31) - 1, -1, 0])])
+    assert rng.floor_div_pow2(words * (1 << 32), 32).tolist() == words.tolist()

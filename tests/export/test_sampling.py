@@ -137,16 +137,3 @@ def test_key_to_value_is_the_float32_bit_pattern():
         assert v == (want if k >= 0 else -want), k
     ends = sampling.key_to_value(torch.tensor([sampling.KEY_MIN - 1, sampling.KEY_MAX + 1]), pow2)
     assert ends.tolist() == [float("-inf"), float("inf")]
-
-
-def test_floor_div_pow2_is_integer_floor_division_over_the_search_range():
-    """The searches' midpoints and key exponents: exact floor division, negative values
-    and the ends of the key range included (it runs in float64, exact below 2^53)."""
-    g = torch.Generator().manual_seed(14)
-    lo, hi = 2 * (sampling.KEY_MIN - 1), 2 * sampling.KEY_MAX + 1  # (lo + hi + 1) of any search step
-    x = torch.cat([torch.randint(lo, hi + 1, (4000,), generator=g),
-                   torch.tensor([lo, hi, -3, -2, -1, 0, 1, 2, 3, (1 << 23) - 1, 1 << 23, -(1 << 23) - 1])])
-    for power in (1, 23):
-        got = sampling.floor_div_pow2(x, power)
-        assert got.dtype == torch.int64
-        assert got.tolist() == [v // (1 << power) for v in x.tolist()], power
