@@ -16,10 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("logits", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("logits", ["bf16", "fp32"])
 def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
-    """One logits dtype's variants each: three tests of minutes that xdist can hand to
-    either worker, instead of one that keeps a worker busy three times as long."""
+    """One logits dtype's variants each: tests of minutes that xdist can hand to either
+    worker, instead of one that keeps a worker busy twice as long. float16 rows have
+    bfloat16's layout (2-byte logits: the same steps, lanes and registers, one other
+    conversion instruction), so its variants stop at TTIR, in the test below (~150 s of
+    CI saved)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--logits", logits],
                          env=env, capture_output=True, text=True, timeout=1200)
@@ -63,12 +66,13 @@ def test_kernels_compile_with_vocab_as_a_constant():
     """During AOTInductor export torch analyses each kernel for the tensors it mutates and
     compiles it with the static ints, V among them, as Python constants. A helper that
     calls .to() on V fails there (seen on the H200: "'int' object has no attribute 'to'"),
-    and torch then assumes every input is mutated (copies of the logits). bfloat16 variants,
-    taken as far as that analysis takes them: TTIR (the frontend, where such a helper fails;
-    the spill test above compiles every variant to the end)."""
+    and torch then assumes every input is mutated (copies of the logits). float16 variants,
+    taken as far as that analysis takes them: TTIR (the frontend, where such a helper fails,
+    as would a type error of float16's own conversions; the spill test above compiles the
+    bfloat16 and float32 variants to the end)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
-                          "--ttir", "--logits", "bf16"], env=env, capture_output=True, text=True, timeout=600)
+                          "--ttir", "--logits", "fp16"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 9, run.stdout  # 6 verify + 3 sample_rows
 
