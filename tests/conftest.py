@@ -13,6 +13,11 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spec_oracle and helpers
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import fast_interpreter
+
+    fast_interpreter.install()  # two of the interpreter's repeated costs, removed (fast_interpreter.py)
+
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
