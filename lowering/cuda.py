@@ -18,6 +18,7 @@ from ..export import artifact, boundary, methods
 from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, head_paths
+from .inductor_compat import no_x_dim_rows_are_scalars
 from . import parallel_compile
 from .parallel_compile import classmethod_replaced, compiled_by_workers
 
@@ -113,8 +114,9 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
     process that lowers one method makes the same delegate (parallel_compile.py)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py)
-    with delegate_outputs_in_order(), compile_options(autotune):
+    # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py);
+    # no_x_dim_rows_are_scalars: torch 2.11's split scans of the plain heads (inductor_compat.py)
+    with delegate_outputs_in_order(), compile_options(autotune), no_x_dim_rows_are_scalars():
         return to_edge_transform_and_lower(
             programs,
             partitioner=_partitioners(list(programs)),
