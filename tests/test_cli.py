@@ -89,7 +89,7 @@ def test_a_bad_jobs_count_is_refused_with_the_value(capsys, jobs):
 
 def test_export_is_byte_identical_and_guards_other_configs(make_config, tmp_path, capsys):
     greedy = make_config("greedy", vocab=100)
-    sampling = make_config("sampling", vocab=100)
+    other = make_config("greedy", vocab=101)  # another config (a greedy one: its export takes seconds)
     a, b = tmp_path / "a", tmp_path / "b"
     assert _run_cli(capsys, "export", "--config", str(greedy), "--output-dir", str(a))[0] == 0
     err = capsys.readouterr().err
@@ -100,10 +100,10 @@ def test_export_is_byte_identical_and_guards_other_configs(make_config, tmp_path
     assert _run_cli(capsys, "export", "--config", str(greedy), "--output-dir", str(a))[0] == 0
     # another config: refused without --force, and nothing was touched
     before = (a / "model.pte").read_bytes()
-    code, _, err = _run_cli(capsys, "export", "--config", str(sampling), "--output-dir", str(a))
+    code, _, err = _run_cli(capsys, "export", "--config", str(other), "--output-dir", str(a))
     assert code == 2 and "different config" in err and "--force" in err
     assert (a / "model.pte").read_bytes() == before
-    code, _, err = _run_cli(capsys, "export", "--config", str(sampling), "--output-dir", str(a), "--force")
+    code, _, err = _run_cli(capsys, "export", "--config", str(other), "--output-dir", str(a), "--force")
     assert code == 0 and (a / "model.pte").read_bytes() != before
     assert "[1/" in err and "done in" in err  # stage progress with timings on stderr
 
