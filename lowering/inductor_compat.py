@@ -3,7 +3,7 @@
 A split scan (a long `cumsum` over the vocab, for few rows: the plain heads' tie counts
 and inverse CDF, `lowering.fused_verify: false`) is generated with no tensor dimension for
 its row (a "no x dim" kernel: one row per program). A load whose address depends on the row
-alone (the row's cut, its target mass) then fails in `TritonSymbols.get_block_shape`:
+alone (a per-row value such as the row's cut) then fails in `TritonSymbols.get_block_shape`:
 torch 2.11 indexes the block shape with the row's tensor dimension, which is None ("list
 indices must be integers or slices, not NoneType", seen on the H200 for qwen3-smoke's
 `target_prefill`, the row count dynamic). Later torch releases treat such a variable as

@@ -21,8 +21,14 @@ tests/test_fast_interpreter.py compares both with Triton's own code.
 import inspect
 
 import numpy as np
+import triton
 import triton.language as tl
 from triton.runtime import interpreter
+
+if not (hasattr(interpreter, "ReduceOps") and hasattr(interpreter, "_patch_builtin")
+        and hasattr(interpreter, "_patch_attr")):
+    raise ImportError(f"tests/fast_interpreter.py was written for Triton 3.7's interpreter; Triton "
+                      f"{triton.__version__} lacks what it replaces: update it or drop it from conftest.py")
 
 _element_wise = interpreter.ReduceOps.generic_reduce  # Triton's own, kept for the comparison tests
 _patch_builtin = interpreter._patch_builtin

@@ -21,7 +21,7 @@ def _kernel(row_dim):
     """A kernel's range trees as the rule reads them: the row's tensor dimension (None in a
     no-x-dim kernel) and the reduction's, 1."""
     tree = lambda dim: types.SimpleNamespace(root=types.SimpleNamespace(tensor_dim=dim))  # noqa: E731
-    return types.SimpleNamespace(range_tree_nodes={x0: tree(row_dim), r0: tree(1)}, triton_tensor_ndim=lambda: 2)
+    return types.SimpleNamespace(range_tree_nodes={x0: tree(row_dim), r0: tree(1)})
 
 
 def _torch_2_11_rule(cls, expr):
