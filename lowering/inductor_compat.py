@@ -1,7 +1,7 @@
 """What torch 2.11's Inductor gets wrong in the CUDA lowering, put right for the block.
 
-A split scan (a long `cumsum` over the vocab, for few rows: the plain heads' tie counts
-and inverse CDF, `lowering.fused_verify: false`) is generated with no tensor dimension for
+A split scan (a long `cumsum` over the vocab, for few rows: the plain heads' tie counts,
+seen on the H200, and presumably their inverse CDF; `lowering.fused_verify: false`) is generated with no tensor dimension for
 its row (a "no x dim" kernel: one row per program). A load whose address depends on the row
 alone (a per-row value such as the row's cut) then fails in `TritonSymbols.get_block_shape`:
 torch 2.11 indexes the block shape with the row's tensor dimension, which is None ("list
