@@ -1,9 +1,11 @@
 """A stand-in for CudaBackend's compile, so the CUDA lowering runs without a GPU: its
-`preprocess` returns what ExecuTorch 1.2's does (named data: the method's `.so` in the
-program, its weights blob in aoti_cuda_blob.ptd), with bytes that are hashes of the graph
-it was handed and of the weights' values (deterministic, and different for any other
-graph or method). On ExecuTorch 1.5 it also restores 1.2's method-by-method compiles
-(1.5's CudaBackend compiles all methods in one `preprocess_multimethod`).
+`preprocess` does what ExecuTorch 1.2's does to its input (slice_copy / select_copy
+rewritten into views in place, so the caller sees the change) and returns what 1.2's
+returns (named data: the method's `.so` in the program, its weights blob in
+aoti_cuda_blob.ptd), with bytes that are hashes of the graph it compiled and of the
+weights' values (deterministic, and different for any other graph or method). On
+ExecuTorch 1.5 it also restores 1.2's method-by-method compiles (1.5's CudaBackend
+compiles all methods in one `preprocess_multimethod`).
 
 `install(setattr)` puts it in place (a test passes `monkeypatch.setattr`); a process
 started with DFLASH_FAKE_AOTI=1 installs it when it imports this module (the worker
@@ -20,9 +22,13 @@ CALLS: list[str] = []  # the methods compiled in this process
 
 
 def preprocess(cls, edge_program, compile_specs):
+    from executorch.backends.aoti.passes.replace_view_copy_with_view import ReplaceViewCopyWithViewPass
     from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.exir.backend.backend_details import PreprocessResult
 
+    # As ExecuTorch 1.2's AotiBackend.preprocess does first: slice_copy / select_copy become
+    # views, in place on the graph it was handed (the caller sees the change).
+    ReplaceViewCopyWithViewPass()(edge_program.graph_module)
     method = next(s.value.decode() for s in compile_specs if s.key == "method_name")
     graph = hashlib.sha256(edge_program.graph_module.code.encode() + str(edge_program.graph_signature).encode())
     weights = hashlib.sha256()
