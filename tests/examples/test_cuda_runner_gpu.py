@@ -7,7 +7,8 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
   Without the sharing (`--no-shared-state`) the same run commits other tokens.
 - float32 exports commit exactly the tokens of the float32 CPU reference (the eager modules
   with the ATen heads, which the CPU program equals: tests/export/test_dflash_program.py), for both
-  variants, with owners of mixed sampling parameters that join and leave at different steps
+  variants and for the sampling variant with the plain ATen heads compiled by AOTInductor
+  (`lowering.fused_verify: false`), with owners of mixed sampling parameters that join and leave at different steps
   and a prompt longer than max_rows (chunked prefill); speculative and target-only. Their
   drafter is distilled on these owners' prompts (`dflash-et distill`), so greedy owners'
   drafts are accepted and steps commit several rows.
@@ -16,6 +17,10 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
   and eager bf16 round differently; counted, reported).
 - Bad input to the CUDA runner: a clear message and exit status 2.
 - Timings of every method from the runner (--timing) go to $DFLASH_TIMING_OUT when set.
+
+DFLASH_RUNTIME_EXPORTS (names of EXPORTS, comma-separated; default all) exports only those
+programs; a test that needs another one is skipped, so one device call can check one export.
+DFLASH_EXPORT_JOBS: the CUDA exports' `--jobs` (default 1).
 """
 
 import dataclasses
@@ -46,21 +51,32 @@ pytestmark = [
     pytest.mark.skipif(not RUNNER, reason="DFLASH_CUDA_RUNNER (scripts/build-cuda-runner.sh's runner) is not set"),
 ]
 
-# name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts)
+# name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts,
+# lowering.fused_verify)
 EXPORTS = {
-    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True),
-    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True),
-    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False),
-    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False),
+    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True),
+    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True),
+    "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False),
+    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True),
+    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True),
 }
+
+
+def _selected() -> list[str]:
+    names = [n.strip() for n in os.environ.get("DFLASH_RUNTIME_EXPORTS", "").split(",") if n.strip()]
+    unknown = sorted(set(names) - set(EXPORTS))
+    if unknown:
+        raise pytest.UsageError(f"DFLASH_RUNTIME_EXPORTS names {unknown}; the exports are {sorted(EXPORTS)}")
+    return names or list(EXPORTS)
 F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
 
 def _config(name: str) -> config.ExportConfig:
-    base, dtype, backend, distilled = EXPORTS[name]
+    base, dtype, backend, distilled, fused = EXPORTS[name]
     cfg = config.load(base)
     model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
-    return dataclasses.replace(cfg, backend=backend, model=model)
+    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused)
+    return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering)
 
 
 @functools.cache
@@ -76,14 +92,14 @@ def _distilled() -> str:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """Every export of EXPORTS, as parallel processes: name -> directory, or the log of a
-    failed export (the tests that need it fail with it). Wall times are printed. The CUDA
+    """Every selected export of EXPORTS (DFLASH_RUNTIME_EXPORTS), as parallel processes:
+    name -> directory, or the log of a failed export (the tests that need it fail with it). Wall times are printed. The CUDA
     exports compile their methods in DFLASH_EXPORT_JOBS worker processes (default 1). Each export
     gets its own inductor cache: side by side in one cache, two compiles of the same kernel
     raced (one link step found another's object files gone: `ld: cannot find ...fatbin.o`)."""
     base = tmp_path_factory.mktemp("cuda_runner")
     jobs = {}
-    for name in EXPORTS:
+    for name in _selected():
         path = base / f"{name}.yaml"
         path.write_text(_config(name).to_yaml())
         cmd = [sys.executable, "-m", "dflash_et.cli", "export", "--config", str(path), "--output-dir", str(base / name)]
@@ -115,6 +131,8 @@ class Artifacts:
         self.exports = exports
 
     def __getitem__(self, name: str) -> Path:
+        if name not in self.exports:
+            pytest.skip(f"{name} is not exported in this run (DFLASH_RUNTIME_EXPORTS)")
         found = self.exports[name]
         if not isinstance(found, Path):
             pytest.fail(found)
@@ -183,8 +201,9 @@ def test_target_verify_reads_the_cache_target_prefill_wrote(artifacts):
     assert private[0] == want[0] and private != want
 
 
-@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32"])
+@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32", "sampling-f32-unfused"])
 def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
+    artifacts[name]  # skipped when not exported in this run
     program = _eager(name, "cpu")
     owners = _owners(program, seed=F32_SEED)
     for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
@@ -257,7 +276,9 @@ def test_timing(artifacts):
     """Per-method times and throughput of max_owners owners, speculative and target-only (not a
     pass/fail check: the numbers go to benchmarks/RESULTS.md)."""
     rows = []
-    for name in ("sampling-bf16", "sampling-f32", "greedy-f32"):
+    for name in ("sampling-bf16", "sampling-f32", "sampling-f32-unfused", "greedy-f32"):
+        if name not in artifacts.exports:
+            continue
         program = _eager(name, "cpu")
         c = program.constants
         owners = [driver.Owner(f"owner{i}", [(i * 31 + k) % c["vocab_size"] for k in range(8)], 96,

@@ -1,5 +1,5 @@
 # The CUDA build of dflash_runner (DFLASH_RUNNER_CUDA=ON): ExecuTorch 1.2.0's CUDA backend,
-# compiled from an ExecuTorch v1.2.0 source tree with our share-constants patch, into the
+# compiled from an ExecuTorch v1.2.0 source tree with our share-constants and float64 patches, into the
 # runner itself, which links the C++ runtime that the executorch 1.2.0 wheel ships inside
 # its Python extension (_portable_lib). scripts/build-cuda-runner.sh drives this.
 #
@@ -87,6 +87,23 @@ if(NOT _patch_rc EQUAL 0)
 endif()
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_patch}" "${_backend_cpp}")
 
+# float64 tensors (the plain heads' masses): patched copies of three slim-tensor files in an
+# overlay include directory searched before the source tree (they are all included as
+# <executorch/...>), the patched shims compiled instead of the originals.
+set(_f64_patch "${CMAKE_CURRENT_SOURCE_DIR}/cuda/executorch-v1.2.0-float64.patch")
+set(_overlay "${CMAKE_BINARY_DIR}/overlay")
+foreach(_file backends/aoti/slim/c10/core/ScalarType.h backends/aoti/common_shims_slim.h
+              backends/aoti/common_shims_slim.cpp)
+  configure_file("${EXECUTORCH_SOURCE}/${_file}" "${_overlay}/executorch/${_file}" COPYONLY)
+endforeach()
+execute_process(
+  COMMAND "${PATCH_EXECUTABLE}" --quiet --forward -p1 -d "${_overlay}/executorch" -i "${_f64_patch}"
+  RESULT_VARIABLE _patch_rc OUTPUT_VARIABLE _patch_out ERROR_VARIABLE _patch_out)
+if(NOT _patch_rc EQUAL 0)
+  message(FATAL_ERROR "${_f64_patch} does not apply to ${EXECUTORCH_SOURCE} (is it v1.2.0, unmodified?):\n${_patch_out}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_f64_patch}")
+
 # ExecuTorch's sources include themselves as <executorch/...>: a link named executorch.
 file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/include")
 file(CREATE_LINK "${EXECUTORCH_SOURCE}" "${CMAKE_BINARY_DIR}/include/executorch" SYMBOLIC)
@@ -98,7 +115,7 @@ add_executable(dflash_runner
   "${_et}/backends/cuda/runtime/platform/platform.cpp"
   "${_et}/backends/cuda/runtime/shims/memory.cpp"
   "${_et}/backends/cuda/runtime/shims/cuda_guard.cpp"
-  "${_et}/backends/aoti/common_shims_slim.cpp"
+  "${_overlay}/executorch/backends/aoti/common_shims_slim.cpp"
   "${_et}/backends/aoti/slim/cuda/guard.cpp"
   "${_et}/extension/tensor/tensor_ptr.cpp"
   "${_et}/extension/tensor/tensor_ptr_maker.cpp")
@@ -110,7 +127,7 @@ set_target_properties(dflash_runner PROPERTIES CXX_EXTENSIONS OFF
   ENABLE_EXPORTS ON
   BUILD_RPATH "${EXECUTORCH_PACKAGE}/extension/pybindings;${EXECUTORCH_PACKAGE}/backends/qualcomm;${TORCH_LIBRARY_DIR};${PYTHON_LIBRARY_DIR}")
 target_include_directories(dflash_runner SYSTEM PRIVATE
-  "${CMAKE_BINARY_DIR}/include" "${_et}/runtime/core/portable_type/c10")
+  "${_overlay}" "${CMAKE_BINARY_DIR}/include" "${_et}/runtime/core/portable_type/c10")
 target_compile_definitions(dflash_runner PRIVATE DFLASH_RUNNER_CUDA=1 CUDA_AVAILABLE=1
                                                  C10_USING_CUSTOM_GENERATED_MACROS)
 target_link_libraries(dflash_runner PRIVATE
