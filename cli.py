@@ -29,8 +29,18 @@ def _positive(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number (e.g. --jobs 4)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return value
+
+
+def _jobs(text: str) -> int | None:
+    """A positive whole number, or "auto" (None: the lowering decides)."""
+    if text == "auto":
+        return None
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number or auto (e.g. --jobs 4)") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--output-dir", default=None, help="artifact directory (default: out/<config name>)")
     e.add_argument("--force", action="store_true",
                    help="overwrite an artifact exported from a different config")
-    e.add_argument("--jobs", type=_positive, default=1, metavar="N",
-                   help="CUDA: compile the methods in N worker processes side by side (default 1: in this "
-                   "process; experimental, see docs/CONTRACT.md)")
+    e.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="CUDA: compile the methods in N worker processes side by side; 1: in this process; "
+                   "auto (the default): one per method, at most half the CPU cores (docs/CONTRACT.md)")
 
     c = sub.add_parser(
         "check", help="load an artifact in executorch.runtime, run every method, compare with eager",

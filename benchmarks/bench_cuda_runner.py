@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--owners", type=int, default=0, help="default: the program's max_owners")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per owner")
     ap.add_argument("--new", type=int, default=48, help="tokens to generate per owner")
-    ap.add_argument("--jobs", type=int, default=1, help="compile the methods in N worker processes (export --jobs)")
+    ap.add_argument("--jobs", type=lambda t: None if t == "auto" else int(t), default=None,
+                    help="compile the methods in N worker processes (export --jobs; default auto)")
     ap.add_argument("--out", help="also write the table here")
     args = ap.parse_args(argv)
 
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     else:
         start = time.perf_counter()
         exporter.export_program(cfg, out, force=True, jobs=args.jobs)
-        export_note = f"export {time.perf_counter() - start:.0f} s (--jobs {args.jobs})"
+        export_note = f"export {time.perf_counter() - start:.0f} s (--jobs {args.jobs or 'auto'})"
     spec = builder.build(cfg)
     c = spec.constants
     n = args.owners or c["max_owners"]

@@ -121,11 +121,12 @@ def export_program(
     output_dir: str | Path,
     force: bool = False,
     progress: artifact.Progress | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
 ) -> Path:
     """Export `cfg` into `output_dir`; returns the directory. Raises before writing anything
     when the directory holds another config's artifact and `force` is off. `jobs`: CUDA
-    only, worker processes compiling the methods side by side (1: in this process)."""
+    only, worker processes compiling the methods side by side (1: in this process; None:
+    `lowering.cuda.auto_jobs`)."""
     out = Path(output_dir)
     artifact.check_overwrite(out, cfg.digest(), force)
     spec = builder.build(cfg)

@@ -8,6 +8,7 @@ descriptive in 1.5; 1.5 adds device propagation and different blob keys, both
 handled inside ExecuTorch; the .ptd comes from `write_tensor_data_to_file`).
 """
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -127,11 +128,23 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
         )
 
 
-def compiles(names: list[str], autotune: str, jobs: int, producer: tuple[str, dict] | None, say):
+def auto_jobs(methods: int, cores: int | None = None) -> int:
+    """Worker processes for `methods` compiles when the caller does not say: one per method,
+    at most half the CPU cores (each compile runs Triton builds and GEMM benchmarks of its
+    own; on the H200's 16 cores 5-6 workers took a tiny export from 256 s to 145 s)."""
+    if cores is None:
+        cores = os.cpu_count() or 1
+    return max(1, min(methods, cores // 2))
+
+
+def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[str, dict] | None, say):
     """While lowering: the methods' AOTInductor compiles, in `jobs` worker processes that make
-    each method with `producer` (parallel_compile.py) when both are given, else here, timed."""
+    each method with `producer` (parallel_compile.py) when both are given, else here, timed.
+    `jobs` None: `auto_jobs`."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
+    if jobs is None:
+        jobs = auto_jobs(len(names))
     if jobs <= 1 or len(names) <= 1 or producer is None:
         return timed_compiles(say)
     if not parallel_compile.supported(CudaBackend):
@@ -152,12 +165,12 @@ def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
     return {name: [] for name in programs}
 
 
-def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int = 1,
+def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1,
           producer: tuple[str, dict] | None = None) -> tuple[dict[str, bytes], dict]:
     """(files, report) for a CUDA program; `programs` are the traced methods. With `producer`
     ("module:function", options: what makes one method's traced program again, in another
-    process) and `jobs` > 1, worker processes compile the methods side by side (opt-in: on
-    the H200 the compiles slowed each other and one method's input differed, docs/CONTRACT.md)."""
+    process) and `jobs` > 1 (None: `auto_jobs`), worker processes compile the methods side by
+    side (docs/CONTRACT.md, "Compiling the methods side by side")."""
     require_cuda()
     fused = prepare(programs, spec, cfg)
     with compiles(list(programs), cfg.lowering.autotune, jobs, producer, say):

@@ -23,9 +23,10 @@ process has it before lowering; the recipe, `recipe(programs, **options)`, lower
 them as this process does. The recipe must lower a program the same way whatever the
 other programs are (ExecuTorch partitions and compiles each method on its own).
 
-Opt-in (`dflash-et export --jobs N`): on one GPU the side-by-side compiles slow each
-other, and on the H200 one method's input differed from its worker's
-(docs/CONTRACT.md, "Compiling the methods side by side").
+`dflash-et export` uses it by default (`--jobs auto`, lowering/cuda.py: `auto_jobs`); on
+one GPU the side-by-side compiles slow each other, but the export's wall time is bounded by
+the slowest method rather than the sum (docs/CONTRACT.md, "Compiling the methods side by
+side").
 """
 
 import concurrent.futures

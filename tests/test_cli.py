@@ -84,7 +84,18 @@ def test_a_bad_jobs_count_is_refused_with_the_value(capsys, jobs):
     with pytest.raises(SystemExit) as e:
         cli.main(["export", "--config", "heads-greedy", "--jobs", jobs])
     assert e.value.code == 2
-    assert f"'{jobs}' is not a positive whole number (e.g. --jobs 4)" in capsys.readouterr().err
+    assert f"'{jobs}' is not a positive whole number or auto (e.g. --jobs 4)" in capsys.readouterr().err
+
+
+@pytest.mark.quick
+def test_jobs_is_a_count_or_auto(monkeypatch, capsys):
+    from dflash_et.export import exporter
+
+    handed = []
+    monkeypatch.setattr(exporter, "export_program", lambda cfg, out, force, jobs: handed.append(jobs))
+    for argv, want in (([], None), (["--jobs", "auto"], None), (["--jobs", "3"], 3)):
+        assert cli.main(["export", "--config", "heads-greedy", *argv]) == 0
+        assert handed.pop() == want
 
 
 def test_export_is_byte_identical_and_guards_other_configs(make_config, tmp_path, capsys):

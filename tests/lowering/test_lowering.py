@@ -237,8 +237,18 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
     # the workers of the parallel compile remake each method from the same config
-    assert handed == {"jobs": 1, "producer": (f"{exporter.__name__}:traced_cuda_method",
+    assert handed == {"jobs": None, "producer": (f"{exporter.__name__}:traced_cuda_method",
                                                  {"config": config.load("heads-sampling-cuda").to_dict()})}
+
+
+def test_auto_jobs_is_one_worker_per_method_on_at_most_half_the_cores():
+    from dflash_et.lowering.cuda import auto_jobs
+
+    assert auto_jobs(6, cores=16) == 6
+    assert auto_jobs(6, cores=8) == 4
+    assert auto_jobs(5, cores=2) == 1  # CI's machine: compiled in the exporting process
+    assert auto_jobs(6, cores=1) == 1
+    assert auto_jobs(1, cores=64) == 1
 
 
 def test_cuda_programs_take_their_inputs_by_pointer():
