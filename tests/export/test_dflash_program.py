@@ -4,7 +4,6 @@ the eager modules give the same tokens (and drafts) as the .pte, known-right dra
 are all accepted, and checkpoints written as HF / z-lab files export and run."""
 
 import io
-import json
 
 import pytest
 import torch
@@ -185,17 +184,36 @@ def _checkpoint_config(tmp_path, target_dir, drafter_dir, variant="greedy", **li
     return config.load(str(path))
 
 
-def test_presets_written_as_checkpoints_export_the_same_program(tiny, tmp_path):
-    # tiny + tiny-dflash -> HF Qwen3 and z-lab files -> the real loader -> the same .pte bytes
-    cfg, directory = tiny["tiny-dflash-greedy"]
-    spec = builder.build(cfg)
+def _traced(spec) -> dict:
+    """Each method's traced program as what decides the exported bytes: the graph's code,
+    the signature, and every weight, buffer and constant by name, bit for bit."""
+    out = {}
+    for name, program in exporter.trace(spec, artifact.Progress(total=99, stream=io.StringIO())).items():
+        tensors = {k: (v.dtype, tuple(v.shape), v.detach().reshape(-1).contiguous().view(torch.uint8).clone())
+                   for k, v in {**program.state_dict, **program.constants}.items()}
+        out[name] = (program.graph_module.code, str(program.graph_signature), tensors)
+    return out
+
+
+def test_presets_written_as_checkpoints_trace_the_same_program(tmp_path):
+    """tiny + tiny-dflash -> HF Qwen3 and z-lab files -> the real loader -> the same traced
+    methods (graphs and tensors, bit for bit) and constants as the presets. The lowering that
+    follows is a function of those alone (test_cli.py: the same config exports the same
+    bytes), so the program is the same; tracing instead of exporting saves a minute of CI."""
+    spec = builder.build(config.load("tiny-dflash-greedy"))
     checkpoint_writer.save_target(spec.methods[0].module.target, tmp_path / "qwen3")
     checkpoint_writer.save_drafter(spec.methods[2].module.drafter, tmp_path / "dflash")
-    from_files = _checkpoint_config(tmp_path, tmp_path / "qwen3", tmp_path / "dflash")
-    out = exporter.export_program(from_files, tmp_path / "art")
-    assert (out / artifact.PTE).read_bytes() == (directory / artifact.PTE).read_bytes()
-    manifest = json.loads((out / artifact.MANIFEST).read_text())
-    assert manifest["constants"]["get_target_layer_ids"] == [1, 2] and manifest["program"] == "dflash"
+    from_files = builder.build(_checkpoint_config(tmp_path, tmp_path / "qwen3", tmp_path / "dflash"))
+    assert from_files.constants == spec.constants and from_files.dims == spec.dims
+    assert from_files.constants["target_layer_ids"] == [1, 2] and from_files.constants["program"] == "dflash"
+    want, got = _traced(spec), _traced(from_files)
+    assert list(got) == list(want)
+    for name, (code, signature, tensors) in want.items():
+        assert got[name][0] == code and got[name][1] == signature, name
+        assert list(got[name][2]) == list(tensors), name
+        for key, (dtype, shape, data) in tensors.items():
+            other = got[name][2][key]
+            assert other[:2] == (dtype, shape) and torch.equal(other[2], data), (name, key)
 
 
 def test_llama_checkpoint_round_trip_exports_and_runs(tmp_path):
