@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import loads_every_method
+from conftest import loads_every_method, small_config
 
 from dflash_et.export import artifact, check, config, exporter
 
@@ -31,34 +31,54 @@ def test_builtin_configs_export_load_and_match_eager(builtin_artifacts, name):
     assert check.check_artifact(cfg, directory, runs=6, stream=report), report.getvalue()
 
 
+SMALL_VOCAB = 257
+SMALL_LIMITS = {"max_rows": 64, "max_owners": 16}
+
+
+@pytest.fixture(scope="module")
+def small_vocab_programs(tmp_path_factory):
+    """`get(variant, dtype)`: a heads program of vocab SMALL_VOCAB with SMALL_LIMITS, exported
+    once per module (the shape-bounds test reads the float16 sampling one)."""
+    made = {}
+
+    def get(variant: str, dtype: str):
+        if (variant, dtype) not in made:
+            base = tmp_path_factory.mktemp(f"{variant}-{dtype}")
+            cfg = config.load(str(small_config(base, variant, vocab=SMALL_VOCAB, logits_dtype=dtype, **SMALL_LIMITS)))
+            made[variant, dtype] = (cfg, exporter.export_program(cfg, base / "art"))
+        return made[variant, dtype]
+
+    return get
+
+
 @pytest.mark.parametrize("variant,dtype", [("sampling", "bfloat16"), ("sampling", "float16"), ("greedy", "bfloat16")])
-def test_small_vocab_programs_in_every_logits_dtype(make_config, tmp_path, variant, dtype):
-    cfg = config.load(str(make_config(variant, vocab=257, logits_dtype=dtype)))
-    directory = exporter.export_program(cfg, tmp_path / "art")
+def test_small_vocab_programs_in_every_logits_dtype(small_vocab_programs, variant, dtype):
+    cfg, directory = small_vocab_programs(variant, dtype)
     report = io.StringIO()
     assert check.check_artifact(cfg, directory, runs=15, stream=report), report.getvalue()
 
 
-def test_program_runs_at_the_shape_bounds(make_config, tmp_path):
-    cfg = config.load(str(make_config("sampling", vocab=64, max_rows=16, max_owners=16)))
-    directory = exporter.export_program(cfg, tmp_path / "art")
+def test_program_runs_at_the_shape_bounds(small_vocab_programs):
+    _, directory = small_vocab_programs("sampling", "float16")
     program = check.load_program(directory)
     verify = program.load_method("dflash_verify")
     from dflash_et.export import heads
 
-    for rows, owners in ((1, 1), (16, 16), (16, 1), (3, 2)):
+    v, max_rows, max_owners = SMALL_VOCAB, SMALL_LIMITS["max_rows"], SMALL_LIMITS["max_owners"]
+    for rows, owners in ((1, 1), (max_rows, max_owners), (max_rows, 1), (3, 2)):
         g = torch.Generator().manual_seed(rows * 100 + owners)
-        logits = torch.randn(rows, 64, generator=g)
-        tokens = torch.randint(0, 64, (rows,), generator=g)
+        logits = torch.randn(rows, v, generator=g).to(torch.float16)
+        tokens = torch.randint(0, v, (rows,), generator=g)
         offsets = torch.linspace(0, rows, owners + 1).round().long()
         params = [torch.arange(owners), torch.full((owners,), 0.9), torch.full((owners,), 10),
                   torch.full((owners,), 0.95), torch.arange(owners) + 7]
         got = verify.execute([logits, tokens, offsets, *params])
         want = heads.DFlashVerify()(logits, tokens, offsets, *params)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    past = max_rows + 1
     with pytest.raises(RuntimeError):  # past the bound: refused, not out of bounds
-        verify.execute([torch.randn(17, 64), torch.zeros(17, dtype=torch.int64), torch.tensor([0, 17]), *params[:1],
-                        *[p[:1] for p in params[1:]]])
+        verify.execute([torch.randn(past, v).to(torch.float16), torch.zeros(past, dtype=torch.int64),
+                        torch.tensor([0, past]), *params[:1], *[p[:1] for p in params[1:]]])
 
 
 def test_manifest_describes_the_program(builtin_artifacts):
