@@ -24,7 +24,7 @@ BACKENDS = ("portable", "cuda")
 VARIANTS = ("greedy", "sampling")
 LOGITS_DTYPES = ("float32", "bfloat16", "float16")
 MODEL_DTYPES = ("float32", "bfloat16")
-AUTOTUNE = ("gemm", "full")
+AUTOTUNE = ("none", "gemm", "full")
 
 MAX_VOCAB = 1 << 20
 MAX_ROWS = 1 << 16
@@ -92,10 +92,12 @@ class LimitsConfig:
 @dataclass(frozen=True)
 class LoweringConfig:
     """CUDA only. `fused_verify`: swap each verify head for its fused Triton op before
-    AOTInductor. `autotune`: what AOTInductor benchmarks while compiling; `gemm` times the
-    Triton GEMM templates only (every other kernel takes inductor's heuristic launch
-    config), `full` is ExecuTorch's default (`max_autotune`: every pointwise and reduction
-    kernel's launch configs are benchmarked too, a slower export)."""
+    AOTInductor. `autotune`: what AOTInductor benchmarks while compiling; `none` times
+    nothing (each GEMM takes the first Triton template config, inductor's deterministic
+    mode: the fastest export, for check-sized models), `gemm` times the Triton GEMM
+    templates only (every other kernel takes inductor's heuristic launch config), `full` is
+    ExecuTorch's default (`max_autotune`: every pointwise and reduction kernel's launch
+    configs are benchmarked too, a slower export)."""
 
     fused_verify: bool = True
     autotune: str = "gemm"

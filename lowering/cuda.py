@@ -95,6 +95,8 @@ def autotune_options(mode: str) -> dict:
     Both keep the GEMMs on Triton templates (the backend links no cuBLAS), chosen by timing."""
     if mode == "full":
         return {"max_autotune": True}
+    if mode == "none":  # deterministic: choices picked without benchmarks (no GPU timing at all)
+        return {"max_autotune": False, "max_autotune_gemm": True, "deterministic": True}
     return {"max_autotune": False, "max_autotune_gemm": True}
 
 

@@ -309,6 +309,10 @@ def test_lowering_autotune_sets_the_inductor_options_only_while_lowering(mode):
     with cuda.compile_options(mode):
         options = CudaBackend.get_aoti_compile_options([])
     assert options["max_autotune"] is (mode == "full")
-    assert options.get("max_autotune_gemm", False) is (mode == "gemm")
+    assert options.get("max_autotune_gemm", False) is (mode in ("gemm", "none"))
+    assert options.get("deterministic", False) is (mode == "none")  # no benchmarks at all
     assert options["max_autotune_gemm_backends"] == "TRITON"  # ExecuTorch's own options stay
+    import torch._inductor.config as inductor_config
+
+    assert all(hasattr(inductor_config, key) for key in cuda.autotune_options(mode)), cuda.autotune_options(mode)
     assert inspect.getattr_static(CudaBackend, "get_aoti_compile_options") is before
