@@ -101,8 +101,8 @@ def lower_portable(
     ~30 ms per graph node, fake-tensor re-traces), then plan memory and emit them together as
     one program. `to_edge`, not `to_edge_transform_and_lower`: without a partitioner the
     latter re-traces every graph once more (a functionalization before its decompositions),
-    for the same edge graphs; ~30% of a tiny DFlash export's lowering saved, and both tiny
-    DFlash configs gave the same bytes either way (checked by hand, ExecuTorch 1.5.1)."""
+    for the same edge graphs (both tiny DFlash configs gave the same bytes either way,
+    compared by hand with ExecuTorch 1.5.1)."""
     from executorch.exir import EdgeProgramManager, to_edge
 
     stage = progress.stage if progress is not None else (lambda _: contextlib.nullcontext())

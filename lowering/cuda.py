@@ -92,7 +92,8 @@ def timed_compiles(say):
 
 def autotune_options(mode: str) -> dict:
     """Inductor options of `lowering.autotune` (config.py), applied over ExecuTorch's own.
-    Both keep the GEMMs on Triton templates (the backend links no cuBLAS), chosen by timing."""
+    Every mode keeps the GEMMs on Triton templates (the backend links no cuBLAS): chosen by
+    timing (`gemm`, `full`) or the first config of each (`none`)."""
     if mode == "full":
         return {"max_autotune": True}
     if mode == "none":  # deterministic: choices picked without benchmarks (no GPU timing at all)
@@ -133,7 +134,7 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
 def auto_jobs(methods: int, cores: int | None = None) -> int:
     """Worker processes for `methods` compiles when the caller does not say: one per method,
     at most half the CPU cores (each compile runs Triton builds and GEMM benchmarks of its
-    own; on the H200's 16 cores 5-6 workers took a tiny export from 256 s to 145 s)."""
+    own on top; benchmarks/RESULTS.md has the export times)."""
     if cores is None:
         cores = os.cpu_count() or 1
     return max(1, min(methods, cores // 2))

@@ -8,8 +8,8 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
 - float32 exports commit exactly the tokens of the float32 CPU reference (the eager modules
   with the ATen heads, which the CPU program equals: tests/export/test_dflash_program.py), for both
   variants and for the sampling variant with the plain ATen heads compiled by AOTInductor
-  (`lowering.fused_verify: false`), with owners of mixed sampling parameters that join and leave at different steps
-  and a prompt longer than max_rows (chunked prefill); speculative and target-only. Their
+  (`lowering.fused_verify: false`), with owners of mixed sampling parameters that join and
+  leave at different steps and a prompt longer than max_rows (chunked prefill); speculative and target-only. Their
   drafter is distilled on these owners' prompts (`dflash-et distill`), so greedy owners'
   drafts are accepted and steps commit several rows.
 - bfloat16 exports against the eager bfloat16 modules on the same GPU: teacher-forced, the
@@ -60,15 +60,16 @@ EXPORTS = {
     "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True),
     "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True),
 }
+F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
 
 def _selected() -> list[str]:
+    """DFLASH_RUNTIME_EXPORTS' names (default: every export); an unknown name stops the run."""
     names = [n.strip() for n in os.environ.get("DFLASH_RUNTIME_EXPORTS", "").split(",") if n.strip()]
     unknown = sorted(set(names) - set(EXPORTS))
     if unknown:
         raise pytest.UsageError(f"DFLASH_RUNTIME_EXPORTS names {unknown}; the exports are {sorted(EXPORTS)}")
     return names or list(EXPORTS)
-F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
 
 def _config(name: str) -> config.ExportConfig:
@@ -93,10 +94,10 @@ def _distilled() -> str:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """Every selected export of EXPORTS (DFLASH_RUNTIME_EXPORTS), as parallel processes:
-    name -> directory, or the log of a failed export (the tests that need it fail with it). Wall times are printed. The CUDA
-    exports compile their methods in DFLASH_EXPORT_JOBS worker processes (default 1). Each export
-    gets its own inductor cache: side by side in one cache, two compiles of the same kernel
-    raced (one link step found another's object files gone: `ld: cannot find ...fatbin.o`)."""
+    name -> directory, or the log of a failed export (the tests that need it fail with it).
+    Wall times are printed. The CUDA exports compile their methods in DFLASH_EXPORT_JOBS
+    worker processes (default 1: the exports run side by side). Each export gets its own
+    inductor cache: side by side in one cache, two compiles of the same kernel raced (one link step found another's object files gone: `ld: cannot find ...fatbin.o`)."""
     base = tmp_path_factory.mktemp("cuda_runner")
     jobs = {}
     for name in _selected():
