@@ -1,6 +1,6 @@
 # The CUDA build of dflash_runner (DFLASH_RUNNER_CUDA=ON): ExecuTorch 1.2.0's CUDA backend,
-# compiled from an ExecuTorch v1.2.0 source tree with our share-constants and float64 patches, into the
-# runner itself, which links the C++ runtime that the executorch 1.2.0 wheel ships inside
+# compiled from an ExecuTorch v1.2.0 source tree with our share-constants and dtypes patches,
+# into the runner itself, which links the C++ runtime that the executorch 1.2.0 wheel ships inside
 # its Python extension (_portable_lib). scripts/build-cuda-runner.sh drives this.
 #
 # Why this pairing (README.md of the runner says more): the H200's torch 2.11 exports with
@@ -87,22 +87,23 @@ if(NOT _patch_rc EQUAL 0)
 endif()
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_patch}" "${_backend_cpp}")
 
-# float64 tensors (the plain heads' masses): patched copies of three slim-tensor files in an
-# overlay include directory searched before the source tree (they are all included as
-# <executorch/...>), the patched shims compiled instead of the originals.
-set(_f64_patch "${CMAKE_CURRENT_SOURCE_DIR}/cuda/executorch-v1.2.0-float64.patch")
+# float64 and uint8 tensors (the plain heads' masses, inductor's workspaces): patched copies
+# of three slim-tensor files in an overlay include directory searched before the source tree
+# (they are all included as <executorch/...>), the patched shims compiled instead of the
+# originals.
+set(_dtypes_patch "${CMAKE_CURRENT_SOURCE_DIR}/cuda/executorch-v1.2.0-dtypes.patch")
 set(_overlay "${CMAKE_BINARY_DIR}/overlay")
 foreach(_file backends/aoti/slim/c10/core/ScalarType.h backends/aoti/common_shims_slim.h
               backends/aoti/common_shims_slim.cpp)
   configure_file("${EXECUTORCH_SOURCE}/${_file}" "${_overlay}/executorch/${_file}" COPYONLY)
 endforeach()
 execute_process(
-  COMMAND "${PATCH_EXECUTABLE}" --quiet --forward -p1 -d "${_overlay}/executorch" -i "${_f64_patch}"
+  COMMAND "${PATCH_EXECUTABLE}" --quiet --forward -p1 -d "${_overlay}/executorch" -i "${_dtypes_patch}"
   RESULT_VARIABLE _patch_rc OUTPUT_VARIABLE _patch_out ERROR_VARIABLE _patch_out)
 if(NOT _patch_rc EQUAL 0)
-  message(FATAL_ERROR "${_f64_patch} does not apply to ${EXECUTORCH_SOURCE} (is it v1.2.0, unmodified?):\n${_patch_out}")
+  message(FATAL_ERROR "${_dtypes_patch} does not apply to ${EXECUTORCH_SOURCE} (is it v1.2.0, unmodified?):\n${_patch_out}")
 endif()
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_f64_patch}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_dtypes_patch}")
 
 # ExecuTorch's sources include themselves as <executorch/...>: a link named executorch.
 file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/include")
@@ -115,6 +116,7 @@ add_executable(dflash_runner
   "${_et}/backends/cuda/runtime/platform/platform.cpp"
   "${_et}/backends/cuda/runtime/shims/memory.cpp"
   "${_et}/backends/cuda/runtime/shims/cuda_guard.cpp"
+  cuda/zero_shim.cpp
   "${_overlay}/executorch/backends/aoti/common_shims_slim.cpp"
   "${_et}/backends/aoti/slim/cuda/guard.cpp"
   "${_et}/extension/tensor/tensor_ptr.cpp"
