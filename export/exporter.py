@@ -137,17 +137,21 @@ def export_program(
     progress = progress or artifact.Progress(total=len(spec.methods) + lowering_stages + 1)
     if cfg.backend == "cuda":
         cuda_lowering.require_cuda()  # before minutes of tracing
-    programs = trace(spec, progress, device="cuda" if cfg.backend == "cuda" else "cpu")
-    if cfg.backend == "cuda":
-        with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
-            files, lowering_report = cuda_lowering.lower(
-                programs, spec, cfg, say=progress.say, jobs=jobs,
-                producer=(f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}))
+        # The compile workers start now: each makes its method while this process traces them all.
+        compiling = cuda_lowering.compiles(
+            [m.name for m in spec.methods], cfg.lowering.autotune, jobs,
+            (f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}), progress.say)
+        with compiling:
+            programs = trace(spec, progress, device="cuda")
+            with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
+                files, lowering_report = cuda_lowering.lower(programs, spec, cfg, say=progress.say,
+                                                             compiling=contextlib.nullcontext())
         fused = lowering_report["fused_heads"]
         progress.say("fused verify heads: " + ", ".join(
             f"{name} {len(heads)}" + (f" ({', '.join(heads)})" if heads else "") for name, heads in fused.items())
             if cfg.lowering.fused_verify else "fused verify heads: none (lowering.fused_verify: false)")
     else:
+        programs = trace(spec, progress, device="cpu")
         files, lowering_report = lower_portable(programs, spec, progress), None
     with progress.stage(f"writing {out}"):
         meta = manifest(cfg, spec)

@@ -169,14 +169,18 @@ def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
 
 
 def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1,
-          producer: tuple[str, dict] | None = None) -> tuple[dict[str, bytes], dict]:
+          producer: tuple[str, dict] | None = None, compiling=None) -> tuple[dict[str, bytes], dict]:
     """(files, report) for a CUDA program; `programs` are the traced methods. With `producer`
     ("module:function", options: what makes one method's traced program again, in another
     process) and `jobs` > 1 (None: `auto_jobs`), worker processes compile the methods side by
-    side (docs/CONTRACT.md, "Compiling the methods side by side")."""
+    side (docs/CONTRACT.md, "Compiling the methods side by side"). `compiling`: a `compiles`
+    context the caller has already entered (its workers started before the tracing); then
+    `jobs` and `producer` are not used."""
     require_cuda()
     fused = prepare(programs, spec, cfg)
-    with compiles(list(programs), cfg.lowering.autotune, jobs, producer, say):
+    if compiling is None:
+        compiling = compiles(list(programs), cfg.lowering.autotune, jobs, producer, say)
+    with compiling:
         edge = lower_edge(programs, cfg.lowering.autotune, methods.constant_values(spec))
     program = edge.to_executorch(executorch_config())
     check_bounds(program.buffer, spec)

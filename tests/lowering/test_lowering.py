@@ -213,7 +213,9 @@ def test_cuda_lowering_hands_each_fused_method_whole_to_aotinductor(monkeypatch)
 
 def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path):
     """The exporter's side of a CUDA export (the lowering itself needs a GPU: stubbed here):
-    the fused heads of every method are printed and land in the manifest."""
+    the fused heads of every method are printed and land in the manifest, and the compile
+    workers start before the tracing (they make their methods while this process traces)."""
+    import contextlib
     import io
     import json
 
@@ -223,22 +225,32 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
     report = {"fused_verify": True, "fused_heads": {"dflash_verify": ["dflash_verify@<root>"], "sample_rows": []},
               "delegates": {}}
     monkeypatch.setattr(cuda, "require_cuda", lambda: None)
-    monkeypatch.setattr(exporter, "trace", lambda spec, progress, device: {})
-    handed = {}
+    events, handed = [], {}
 
-    def lower(programs, spec, cfg, say, jobs, producer):
-        handed.update(jobs=jobs, producer=producer)
+    @contextlib.contextmanager
+    def compiles(names, autotune, jobs, producer, say):
+        handed.update(names=names, jobs=jobs, producer=producer)
+        events.append("workers started")
+        yield
+        events.append("workers stopped")
+
+    def lower(programs, spec, cfg, say, compiling):
+        with compiling:
+            events.append("lowered")
         return {"model.pte": b"pte", cuda.PTD: b"ptd"}, report
 
+    monkeypatch.setattr(cuda, "compiles", compiles)
+    monkeypatch.setattr(exporter, "trace", lambda spec, progress, device: events.append("traced") or {})
     monkeypatch.setattr(cuda, "lower", lower)
     stream = io.StringIO()
-    directory = exporter.export_program(config.load("heads-sampling-cuda"), tmp_path / "x",
-                                        progress=artifact.Progress(9, stream=stream))
+    cfg = config.load("heads-sampling-cuda")
+    directory = exporter.export_program(cfg, tmp_path / "x", progress=artifact.Progress(9, stream=stream))
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
+    assert events == ["workers started", "traced", "lowered", "workers stopped"]
     # the workers of the parallel compile remake each method from the same config
-    assert handed == {"jobs": None, "producer": (f"{exporter.__name__}:traced_cuda_method",
-                                                 {"config": config.load("heads-sampling-cuda").to_dict()})}
+    assert handed == {"names": [m.name for m in builder.build(cfg).methods], "jobs": None,
+                      "producer": (f"{exporter.__name__}:traced_cuda_method", {"config": cfg.to_dict()})}
 
 
 def test_auto_jobs_is_one_worker_per_method_on_at_most_half_the_cores():
