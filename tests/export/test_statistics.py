@@ -75,14 +75,20 @@ def test_argmax_drafts_are_accepted_with_probability_p_of_the_draft():
     temperature = 1.0
     p = filtered_distribution(ROW, temperature, 0, 1.0)
     d = int(np.argmax(p))
-    owners = 30_000
-    logits = ROW.expand(2 * owners, VOCAB)
-    tokens = torch.tensor([0, d]).repeat(owners)
-    offsets = torch.arange(owners + 1) * 2
-    accepted, next_token = heads.DFlashVerify()(
-        logits, tokens, offsets, torch.arange(owners) * 5, torch.full((owners,), temperature),
-        torch.zeros(owners, dtype=torch.int64), torch.ones(owners), torch.full((owners,), 99),
-    )
+    owners, per_call = 30_000, 3_000  # the reference's owner lookup is [owners, rows]: calls of 3k owners
+    accepted, next_token = [], []
+    for first in range(0, owners, per_call):
+        logits = ROW.expand(2 * per_call, VOCAB)
+        tokens = torch.tensor([0, d]).repeat(per_call)
+        offsets = torch.arange(per_call + 1) * 2
+        positions = (first + torch.arange(per_call)) * 5  # every owner's draws its own, as in one call
+        a, t = heads.DFlashVerify()(
+            logits, tokens, offsets, positions, torch.full((per_call,), temperature),
+            torch.zeros(per_call, dtype=torch.int64), torch.ones(per_call), torch.full((per_call,), 99),
+        )
+        accepted.append(a)
+        next_token.append(t)
+    accepted, next_token = torch.cat(accepted), torch.cat(next_token)
     rate = accepted.double().mean().item()
     z = (rate - p[d]) / np.sqrt(p[d] * (1 - p[d]) / owners)
     assert abs(z) < 4.5, f"acceptance {rate:.4f} vs p(d) = {p[d]:.4f}"
