@@ -268,3 +268,57 @@ def test_help_documents_the_owner_syntax(setup):
     assert done.returncode == 0
     for key in ("prompt=", "max_new=", "temperature=", "top_k=", "top_p=", "seed=", "join=", "leave="):
         assert key in done.stdout
+
+
+SHIM_CHECK_DRIVER = r"""
+#include "shim_check.h"
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+extern "C" int aoti_torch_defined_here(void*) { return 0; }  // as the runner's own shims
+int main(int, char** argv) {
+  std::ifstream f(argv[1], std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
+  std::string error;
+  auto names = dflash::undefined_symbols(bytes.data(), bytes.size(), "aoti_", error);
+  if (!error.empty()) { std::printf("error: %s\n", error.c_str()); return 0; }
+  for (auto& n : names) std::printf("imports %s\n", n.c_str());
+  for (auto& n : dflash::not_in_executable(names)) std::printf("missing %s\n", n.c_str());
+}
+"""
+
+
+def test_the_cuda_runners_shim_check_names_the_shims_it_lacks(tmp_path):
+    """cuda/shim_check.cpp (the CUDA runner's warning about AOTInductor shims it does not
+    define), on the CPU: a library importing three aoti_ functions, run by an executable that
+    defines one, with another in a library beside it (as libtorch is): the two not in the
+    executable are named; a truncated or non-ELF file is an error, not a crash."""
+    cxx = next(c for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++") if shutil.which(c))
+    (tmp_path / "lib.cpp").write_text(
+        'extern "C" int aoti_torch_defined_here(void*); extern "C" int aoti_torch_zero_(void*);\n'
+        'extern "C" int aoti_torch_in_libtorch(void*); extern "C" int other_function(void*);\n'
+        'extern "C" int run(void* t) { return aoti_torch_defined_here(t) + aoti_torch_zero_(t)'
+        ' + aoti_torch_in_libtorch(t) + other_function(t); }\n')
+    (tmp_path / "torchlike.cpp").write_text('extern "C" int aoti_torch_in_libtorch(void*) { return 0; }\n')
+    (tmp_path / "driver.cpp").write_text(SHIM_CHECK_DRIVER)
+    cuda_dir = SOURCE / "cuda"
+    for command in (
+        [cxx, "-shared", "-fPIC", "-o", "libtorchlike.so", "torchlike.cpp"],
+        [cxx, "-shared", "-fPIC", "-o", "method.so", "lib.cpp"],
+        [cxx, "-std=c++17", "-rdynamic", f"-I{cuda_dir}", "driver.cpp", str(cuda_dir / "shim_check.cpp"),
+         "-o", "driver", "-L.", "-ltorchlike", "-Wl,-rpath,$ORIGIN", "-ldl"],
+    ):
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    data = (tmp_path / "method.so").read_bytes()
+    (tmp_path / "truncated.so").write_bytes(data[:1000])
+
+    def check(name):
+        return subprocess.run([str(tmp_path / "driver"), str(tmp_path / name)], capture_output=True, text=True,
+                              timeout=30).stdout.splitlines()
+
+    assert check("method.so") == [
+        "imports aoti_torch_defined_here", "imports aoti_torch_in_libtorch", "imports aoti_torch_zero_",
+        "missing aoti_torch_in_libtorch", "missing aoti_torch_zero_"]
+    assert check("truncated.so") == ["error: a section header lies outside the file"]
+    assert check("driver.cpp") == ["error: not an ELF64 shared library"]

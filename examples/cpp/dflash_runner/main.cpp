@@ -36,6 +36,10 @@
 #include <cuda_runtime.h>
 #include <executorch/runtime/backend/backend_options_map.h>
 #include <executorch/runtime/backend/options.h>
+#include <executorch/extension/data_loader/file_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
+
+#include "cuda/shim_check.h"
 #endif
 
 #include <algorithm>
@@ -427,6 +431,9 @@ class DFlashProgram {
     check_contract();
     check_backend(data, shared_state);
     if (cuda_) load_module(data);  // the methods' code and weights are in the .ptd
+#ifdef DFLASH_RUNNER_CUDA
+    if (cuda_) warn_missing_shims(data);
+#endif
     check_methods();
   }
 
@@ -614,6 +621,40 @@ class DFlashProgram {
     }
 #endif
   }
+
+#ifdef DFLASH_RUNNER_CUDA
+  // The AOTInductor shims a method's compiled library (`<method>_so_blob` in the .ptd) calls
+  // that this runner does not define (cuda/shim_check.h): a warning that names them before the
+  // methods load, since such a method fails only when it runs, with libtorch's function in the
+  // stack. (Not an error: a library may import a shim that no path of it calls.)
+  void warn_missing_shims(const std::string& data) {
+    auto loader = executorch::extension::FileDataLoader::from(data.c_str());
+    if (!loader.ok()) return;  // check_data_belongs has read the file; load_method reports the rest
+    auto map = executorch::extension::FlatTensorDataMap::load(&loader.get());
+    if (!map.ok()) return;
+    for (const std::string& method : names_) {
+      auto library = map->get_data(method + "_so_blob");
+      if (!library.ok()) continue;  // a constant method: no compiled code
+      std::string error;
+      const auto imports = dflash::undefined_symbols(static_cast<const uint8_t*>(library->data()), library->size(),
+                                                     "aoti_", error);
+      if (!error.empty()) {
+        std::fprintf(stderr, "dflash_runner: warning: %s_so_blob in %s: %s\n", method.c_str(), data.c_str(),
+                     error.c_str());
+        continue;
+      }
+      std::string missing;
+      for (const std::string& name : dflash::not_in_executable(imports)) missing += (missing.empty() ? "" : ", ") + name;
+      if (!missing.empty()) {
+        std::fprintf(stderr,
+                     "dflash_runner: warning: method '%s' calls AOTInductor shims that this runner does not define: "
+                     "%s. ExecuTorch 1.2.0's CUDA backend lacks them, and libtorch's, which cannot read its tensors, "
+                     "would answer; if the method fails, add them beside cuda/zero_shim.cpp\n",
+                     method.c_str(), missing.c_str());
+      }
+    }
+  }
+#endif
 
   Error load_method(const std::string& name) {
 #ifdef DFLASH_RUNNER_CUDA

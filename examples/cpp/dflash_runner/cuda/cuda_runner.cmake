@@ -117,6 +117,7 @@ add_executable(dflash_runner
   "${_et}/backends/cuda/runtime/shims/memory.cpp"
   "${_et}/backends/cuda/runtime/shims/cuda_guard.cpp"
   cuda/zero_shim.cpp
+  cuda/shim_check.cpp
   "${_overlay}/executorch/backends/aoti/common_shims_slim.cpp"
   "${_et}/backends/aoti/slim/cuda/guard.cpp"
   "${_et}/extension/tensor/tensor_ptr.cpp"
