@@ -136,3 +136,10 @@ def test_torch_mutation_analysis_reads_every_kernel():
              "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"]}
     for kernel, writes in launches:
         assert writes == exact.get(kernel, writes), (kernel, writes)
+    # --explain names, for each launch that counts the logits as written, the writes that lead there
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py"), "--explain", "logits_ptr"],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    explained = {line.split()[1].rstrip(":") for line in run.stdout.splitlines() if line.startswith("== ")}
+    assert explained == {k for k, writes in launches if "logits_ptr" in writes}, run.stdout
+    assert "tt.store (via" in run.stdout and "writes its argument 0" in run.stdout, run.stdout
