@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
-from dflash_et.kernels import sample_rows, verify
+from dflash_et.kernels import cached_attention, sample_rows, verify
 from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launch_config, prefix_chunks, scratch_width,
                                       split_rows)
 
@@ -77,7 +77,9 @@ def ttir_ops(source: ASTSource, warps: int) -> int:
     return ops
 
 
-def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False) -> bool:
+def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False,
+                types: dict | None = None) -> bool:
+    """`types`: argument types that differ from the defaults below (by name)."""
     if ONLY not in label:
         return True
     constexprs = {**{k: v for k, v in CONSTANTS.items() if k in fn.arg_names}, **constexprs}
@@ -99,6 +101,7 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
             signature[name] = "i64" if name == "stride" else "i32"
             if name in ALIGNED:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+        signature[name] = (types or {}).get(name, signature[name])
     source = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     try:
         if TTIR_ONLY:
@@ -176,6 +179,13 @@ def main(argv=None) -> int:
                 f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
                 dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
                      STAGES=cfg.stages, SPLITS=splits), cfg.warps)
+        # issue #26's attention, at a Qwen3-like head (128 dims, 2 query heads per KV head)
+        ok &= compile_one(
+            f"cached_attention {logits}", cached_attention.cached_attention_kernel, logits,
+            dict(GROUPS=2, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=cached_attention.BLOCK_N,
+                 PRECISION="ieee" if logits == "*fp32" else "tf32"), 4,
+            types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "scale": "fp32",
+                   **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
     print("all kernels compile" if ok else "some kernels failed to compile")
     return 0 if ok else 1
 

@@ -6,13 +6,14 @@ Importing this package registers the ops (it needs triton). One module per head:
 `filtered` (top-k / top-p rows: lane-max bound, candidates, decision), `nucleus` (long
 top-p lists, wide nuclei), `dense_collect` (whole-row collects), `split_walk` (those
 collects shared out over the programs of dflash_verify's decision launch) and `launch` (block
-sizes, scratch, input checks).
+sizes, scratch, input checks). Beside the heads: `cached_attention`, attention over each
+row's own cells of a KV cache (issue #26; not yet swapped into the programs).
 """
 
 import torch
 
 from ..export.heads import HEADS
-from . import sample_rows, verify, verify_argmax
+from . import cached_attention, sample_rows, verify, verify_argmax  # noqa: F401 (registers the ops)
 
 _MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax}
 # Head name (export/heads.py: HEADS) -> (fused op `dflash::<name>`, supports(logits_dtype, vocab)).

@@ -28,7 +28,7 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [x for x in run.stdout.splitlines() if "REG:" in x]
-    assert len(lines) == 9 and all(f"*{logits}" in x for x in lines), lines  # 6 verify + 3 sample_rows variants
+    assert len(lines) == 10 and all(f"*{logits}" in x for x in lines), lines  # verify 6, sample_rows 3, attention 1
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
 
@@ -74,7 +74,7 @@ def test_kernels_compile_with_vocab_as_a_constant():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
                           "--ttir", "--logits", "fp16"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 9, run.stdout  # 6 verify + 3 sample_rows
+    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 10, run.stdout  # as above, + attention
 
 
 def test_kernel_sources_survive_inductors_source_file():
@@ -106,7 +106,7 @@ print("kernels", seen)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert int(run.stdout.split()[-1]) == 5, run.stdout  # verify.py 3 (the argmax op among them), sample_rows.py 2
+    assert int(run.stdout.split()[-1]) == 6, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1
 
 
 def test_torch_mutation_analysis_reads_every_kernel():
@@ -128,12 +128,13 @@ def test_torch_mutation_analysis_reads_every_kernel():
     found = json.loads(run.stdout.splitlines()[-1])
     assert found["fallbacks"] == 0, run.stderr[-3000:]
     launches = found["launches"]
-    assert len(launches) == 9, launches  # verify 4, verify_argmax 2, sample_rows 3
+    assert len(launches) == 10, launches  # verify 4, verify_argmax 2, sample_rows 3, cached_attention 1
     never = {"tokens_ptr", "offsets_ptr", "start_position_ptr", "position_ptr", "seed_ptr"}
     for kernel, writes in launches:
         assert writes and not never & set(writes), (kernel, writes)
     exact = {"verify_rows_kernel": ["queue_ptr", "work_ptr"],
-             "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"]}
+             "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"],
+             "cached_attention_kernel": ["out_ptr"]}
     for kernel, writes in launches:
         assert writes == exact.get(kernel, writes), (kernel, writes)
     # --explain names, for each launch that counts the logits as written, the writes that lead there

@@ -1,0 +1,87 @@
+"""`dflash::cached_attention` (kernels/cached_attention.py) against its reference, the models'
+gather + masked SDPA, under the Triton interpreter: intervals of every odd length (0, 1, the
+block edges, a whole slot), GQA, float32 to rounding and bfloat16 within its error bound
+against float64; the target's own attention; bad input named."""
+
+import pytest
+import torch
+
+from dflash_et.kernels import cached_attention as ca
+from dflash_et.export.models import layers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SLOTS, CELLS, HEADS, KV, DIM = 3, 40, 4, 2, 16
+N = ca.BLOCK_N
+
+
+def _case(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # (slot, lo, hi): empty, one cell, around one and two blocks, a whole slot, clamped, windowed
+    spans = [(0, 0, 0), (1, 0, 1), (2, 0, N - 1), (0, 0, N), (1, 0, N + 1), (2, 3, 2 * N + 1), (0, 0, CELLS),
+             (1, 5, CELLS + 7), (2, 17, 18), (0, -4, 3), (1, 9, 9)]
+    slot, lo, hi = (torch.tensor(c, dtype=torch.int64) for c in zip(*spans))
+    q = torch.randn(len(spans), HEADS, DIM, generator=g).to(dtype)
+    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g).to(dtype)
+    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g).to(dtype)
+    return q, k, v, slot, lo, hi
+
+
+def _f64(*ts):
+    return [t.double() if t.is_floating_point() else t for t in ts]
+
+
+def test_float32_equals_the_reference_to_rounding():
+    q, k, v, slot, lo, hi = _case(torch.float32)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, hi)
+    want = ca.reference(q, k, v, slot, lo, hi)
+    assert got.shape == (q.shape[0], HEADS * DIM) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    empty = (torch.minimum(hi, torch.tensor(CELLS)) <= torch.clamp(lo, min=0))
+    assert empty.sum() == 2 and (got[empty] == 0).all()  # an empty interval gives zeros
+    # the reference itself: cells outside [lo, hi) change nothing
+    k2 = k.clone()
+    k2[0, 3:] = 100.0  # row 9 sees slot 0's cells [0, 3) only
+    torch.testing.assert_close(torch.ops.dflash.cached_attention(q, k2, v, slot, lo, hi)[9], got[9])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_stays_within_its_error_bound_of_float64(dtype):
+    q, k, v, slot, lo, hi = _case(dtype, seed=1)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, hi).double()
+    exact = ca.reference(*_f64(q, k, v), slot, lo, hi)
+    rounded = ca.reference(q, k, v, slot, lo, hi).double()  # the half-precision reference's own error
+    eps = torch.finfo(dtype).eps
+    assert (got - exact).abs().max() <= 8 * eps * exact.abs().max()
+    assert (got - exact).abs().max() <= 2 * (rounded - exact).abs().max() + 2 * eps
+
+
+def test_the_targets_rows_see_their_slot_up_to_their_position():
+    """The target's attention (llama.py: each row sees cells <= its position) is the op with
+    lo = 0, hi = position + 1."""
+    q, k, v, _, _, _ = _case(torch.float32, seed=2)
+    rows = q.shape[0]
+    g = torch.Generator().manual_seed(3)
+    slot = torch.randint(0, SLOTS, (rows,), generator=g)
+    position = torch.randint(0, CELLS, (rows,), generator=g)
+    allowed = torch.arange(CELLS)[None, :] <= position[:, None]
+    want = layers.attend(q.unsqueeze(1), k[slot], v[slot], allowed.unsqueeze(1)).squeeze(1)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, torch.zeros_like(position), position + 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_named():
+    q, k, v, slot, lo, hi = _case(torch.float32)
+    op = torch.ops.dflash.cached_attention
+    with pytest.raises(ValueError, match="share one dtype"):
+        op(q.half(), k, v, slot, lo, hi)
+    with pytest.raises(ValueError, match="slot must be a 1-D int64"):
+        op(q, k, v, slot.int(), lo, hi)
+    with pytest.raises(ValueError, match="a multiple"):
+        op(torch.randn(q.shape[0], 3, DIM), k, v, slot, lo, hi)
+    with pytest.raises(ValueError, match="head_dim 8 differs"):
+        op(q[..., :8].contiguous(), k, v, slot, lo, hi)
+    with pytest.raises(ValueError, match="give both caches"):
+        op(q, k, v[:2], slot, lo, hi)
+    with pytest.raises(RuntimeError, match="one entry per q row"):
+        op(q, k, v, slot[:3], lo, hi)
