@@ -14,6 +14,8 @@
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
+#   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
+#                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
 # That machine has no network: ExecuTorch 1.2.0 comes as wheels in .whl/ (../shared/tools/device-wheels.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -106,5 +108,8 @@ runner-bench)
 bench)
   timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|bench [options]" >&2; exit 2 ;;
+attention)
+  timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
+  ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|bench|attention [options]" >&2; exit 2 ;;
 esac

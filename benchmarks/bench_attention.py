@@ -1,0 +1,123 @@
+"""Benchmark `dflash::cached_attention` (issue #26) on a CUDA GPU (not a test).
+
+A verify step's attention at Qwen3-like heads: `owners` owners x `rows` verify rows each (the
+rows of owner o at the last positions of its length L_o), every row seeing cells
+[0, position + 1) of its owner's slot, for several `max_seq_len` (the slots' size). Two
+series of lengths: fixed ones drawn from [128, 2048] (the same at every max_seq_len: the time
+must stay flat in it), and ones drawn from [128, max_seq_len].
+
+Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
+cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
+bandwidth measured in the same run) and the ratio to it, and the models' reference (gather
+of every row's whole slot + masked SDPA) where its gather fits in memory.
+
+    python benchmarks/bench_attention.py [--owners 64 --rows 16 --heads 16 --kv-heads 8
+        --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--out attention.md]
+    python benchmarks/bench_attention.py --smoke   (CPU, under TRITON_INTERPRET=1: tiny sizes,
+        checks the script and the op against the reference; no timings)
+"""
+
+import argparse
+import os
+import platform
+import sys
+
+import torch
+
+from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
+from dflash_et.kernels import cached_attention as ca
+
+REFERENCE_BYTES = 24 << 30  # the reference's gathered K and V together, at most
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    from triton.testing import do_bench
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=50, rep=400, return_mode="median") * 1e-3)
+
+
+def step_case(g, owners, rows, heads, kv_heads, dim, cells, lengths, dtype, device):
+    """(q, k_cache, v_cache, slot, lo, hi) of one verify step: owner o in slot o, its rows at
+    positions L_o - rows .. L_o - 1."""
+    k = torch.randn(owners, cells, kv_heads, dim, generator=g, device=device).to(dtype)
+    v = torch.randn(owners, cells, kv_heads, dim, generator=g, device=device).to(dtype)
+    q = torch.randn(owners * rows, heads, dim, generator=g, device=device).to(dtype)
+    slot = torch.arange(owners, device=device).repeat_interleave(rows)
+    position = (lengths.to(device)[:, None] - rows + torch.arange(rows, device=device)[None, :]).reshape(-1)
+    return q, k, v, slot, torch.zeros_like(position), position + 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--owners", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=16, help="verify rows per owner")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, nargs="+", default=[2048, 8192, 32768])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (TRITON_INTERPRET=1), no timings")
+    ap.add_argument("--out", help="also write the table here")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            ap.error("--smoke runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1")
+        args.owners, args.rows, args.heads, args.kv_heads, args.head_dim = 3, 4, 4, 2, 16
+        args.max_seq_len, device = [48, 96], "cpu"
+    elif not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (or --smoke)")
+    else:
+        device = "cuda"
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    bandwidth = None if args.smoke else copy_bandwidth()
+    lines = []
+    if not args.smoke:
+        import triton
+
+        lines += [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+                  f"python {platform.python_version()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s",
+                  f"{args.owners} owners x {args.rows} rows, {args.heads} heads / {args.kv_heads} KV heads x "
+                  f"{args.head_dim}, {args.dtype}", "",
+                  "| lengths | max_seq_len | sum L_o | op us | floor us | x floor | reference us | x op |",
+                  "|---|---|---|---|---|---|---|---|"]
+    g = torch.Generator(device=device).manual_seed(0)
+    short = max(args.rows, 128 if not args.smoke else 8)
+    fixed = torch.randint(short, 2048 if not args.smoke else 40, (args.owners,), generator=g, device=device)
+    for cells in args.max_seq_len:
+        for series, lengths in (("fixed", torch.clamp(fixed, max=cells)),
+                                ("to the limit", torch.randint(short, cells + 1, (args.owners,), generator=g,
+                                                               device=device))):
+            case = step_case(g, args.owners, args.rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
+                             dtype, device)
+            op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
+            gathered = 2 * args.owners * args.rows * cells * args.kv_heads * args.head_dim * itemsize
+            if args.smoke:
+                torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
+                print(f"smoke {series} max_seq_len {cells}: the op matches the reference")
+                continue
+            from triton.testing import do_bench
+
+            op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+            floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
+            ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
+                      if gathered <= REFERENCE_BYTES else None)
+            ref = f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None else "- (gather too large) | -"
+            lines.append(f"| {series} | {cells} | {int(lengths.sum())} | {op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | "
+                         f"{op_ms / floor_ms:.2f} | {ref} |")
+            del case
+            torch.cuda.empty_cache()
+    text = "\n".join(lines)
+    print(text)
+    if args.out and text:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

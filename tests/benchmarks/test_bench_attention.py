@@ -1,0 +1,15 @@
+"""bench_attention.py --smoke on the CPU: the benchmark's verify-step cases (owners' rows at
+the end of their lengths, fixed and up to the limit) through dflash::cached_attention under
+the interpreter, checked against the reference. A crash here would otherwise cost a GPU call."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_attention  # noqa: E402
+
+
+def test_smoke_cases_match_the_reference(capsys):
+    assert bench_attention.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("the op matches the reference") == 4, out
