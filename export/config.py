@@ -97,10 +97,13 @@ class LoweringConfig:
     mode: the fastest export, for check-sized models), `gemm` times the Triton GEMM
     templates only (every other kernel takes inductor's heuristic launch config), `full` is
     ExecuTorch's default (`max_autotune`: every pointwise and reduction kernel's launch
-    configs are benchmarked too, a slower export)."""
+    configs are benchmarked too, a slower export). `fused_attention`: swap the target's
+    attention (every row gathers its whole KV slot) for `dflash::cached_attention`, which reads
+    only the cells each row sees (issue #26; off by default until measured on a GPU)."""
 
     fused_verify: bool = True
     autotune: str = "gemm"
+    fused_attention: bool = False
 
     def __post_init__(self):
         _check_choice("lowering.autotune", self.autotune, AUTOTUNE)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..export import artifact, boundary, methods
+from ..export.heads import HEADS
 from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, head_paths
@@ -40,14 +41,15 @@ def require_cuda() -> None:
                             "with backends.cuda (>= 1.2)") from None
 
 
-def fuse_heads(programs: dict, modules: dict[str, torch.nn.Module]) -> dict:
-    """Rewrite every head of every method; raises if a configured head stayed ATen."""
+def fuse_heads(programs: dict, modules: dict[str, torch.nn.Module], kinds: tuple[str, ...] = tuple(HEADS)) -> dict:
+    """Rewrite every region of the `kinds` (default: the verify heads) of every method; raises
+    if one of them stayed ATen."""
     from .. import kernels  # noqa: F401  (registers torch.ops.dflash)
 
     report = {}
     for name, ep in programs.items():
-        expected = [path for path, _ in head_paths(modules[name])]
-        result = FuseVerifyHeads(expected=expected)(ep)
+        expected = [path for path, _ in head_paths(modules[name], kinds)]
+        result = FuseVerifyHeads(expected=expected, kinds=kinds)(ep)
         report[name] = result.heads
     return report
 
@@ -159,13 +161,18 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
 
 
 def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
-    """Fuse every method's verify heads (`lowering.fused_verify`), or strip their boundary
-    markers so the plain ATen heads go into the delegate. Returns the fused heads by method."""
-    if cfg.lowering.fused_verify:
-        return fuse_heads(programs, {m.name: m.module for m in spec.methods})
+    """Fuse every method's verify heads (`lowering.fused_verify`) and the target's attention
+    (`lowering.fused_attention`), then strip the boundary markers of what stays plain ATen, so
+    that goes into the delegate. Returns the fused regions by method."""
+    modules = {m.name: m.module for m in spec.methods}
+    fused = {name: [] for name in programs}
+    for on, kinds in ((cfg.lowering.fused_verify, tuple(HEADS)), (cfg.lowering.fused_attention, ("cached_attention",))):
+        if on:
+            for name, regions in fuse_heads(programs, modules, kinds).items():
+                fused[name] += regions
     for program in programs.values():
         boundary.strip(program)
-    return {name: [] for name in programs}
+    return fused
 
 
 def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1,
@@ -193,6 +200,7 @@ def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1
         raise LoweringError(f"the CUDA lowering wrote no {PTD} (got {sorted(files)}); is every method delegated?")
     report = {
         "fused_verify": cfg.lowering.fused_verify,
+        "fused_attention": cfg.lowering.fused_attention,
         "autotune": cfg.lowering.autotune,
         "fused_heads": fused,
         "delegates": delegates(program.buffer),

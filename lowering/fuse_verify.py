@@ -1,4 +1,5 @@
-"""Swap each verify head's ATen subgraph for one call to its fused `dflash::` op.
+"""Swap each verify head's ATen subgraph for one call to its fused `dflash::` op (and, asked
+for by name, each `layers.CachedAttention` for `dflash::cached_attention`).
 
 A head is found by its module, never by op patterns: every node traced inside a
 head module carries that module (path and class) in `nn_module_stack`, and while
@@ -23,9 +24,36 @@ import torch
 from torch import fx
 
 from ..export.heads import HEADS
+from ..export.models import layers
 from .errors import LoweringError
 
-_HEAD_BY_CLASS = {f"{h.module.__module__}.{h.module.__qualname__}": name for name, h in HEADS.items()}
+# Region name -> the module whose subgraph the pass swaps: the verify heads (HEADS) and the
+# target's attention over its KV cache.
+MODULES = {**{name: h.module for name, h in HEADS.items()}, "cached_attention": layers.CachedAttention}
+# The attention's boundary (layers.CachedAttention): q, k_cache, v_cache (one float dtype), slot, lo, hi.
+_ATTENTION_INPUTS = [(None, 3), (None, 4), (None, 4), (torch.int64, 1), (torch.int64, 1), (torch.int64, 1)]
+
+
+def _signature(name: str) -> tuple[list[tuple], int, str]:
+    """(inputs as (dtype or None for a float, rank), output count, the setting that turns the
+    fusion off) of a region."""
+    if name == "cached_attention":
+        return _ATTENTION_INPUTS, 1, "lowering.fused_attention: false"
+    return [(a.dtype, a.rank) for a in HEADS[name].inputs], len(HEADS[name].outputs), "lowering.fused_verify: false"
+
+
+def _op_and_support(name: str, inputs: list[torch.Tensor]) -> tuple:
+    """(the fused op, None or why the kernel does not take these inputs)."""
+    from ..kernels import OPS, cached_attention
+
+    if name == "cached_attention":
+        q, k = inputs[0], inputs[1]
+        ok = cached_attention.supports(q.dtype, int(q.shape[1]), int(k.shape[2]), int(q.shape[2]))
+        return torch.ops.dflash.cached_attention.default, None if ok else (
+            f"{q.dtype} with {q.shape[1]} heads over {k.shape[2]} KV heads of {q.shape[2]} dims")
+    op, supports = OPS[name]
+    logits = inputs[0]
+    return op, None if supports(logits.dtype, int(logits.shape[-1])) else f"{logits.dtype} logits with V = {logits.shape[-1]}"
 
 
 class FuseError(LoweringError):
@@ -48,13 +76,13 @@ class FuseResult:
     heads: list[str] = field(default_factory=list)  # "head@fqn" rewritten
 
 
-def _head_of(node: fx.Node) -> tuple[str, str] | None:
-    """(head name, module path) of the innermost head module a node was traced in."""
+def _head_of(node: fx.Node, by_class: dict[str, str]) -> tuple[str, str] | None:
+    """(region name, module path) of the innermost region module a node was traced in."""
     found = None
     for path, cls in (node.meta.get("nn_module_stack") or {}).values():
         cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
-        if cls_name in _HEAD_BY_CLASS:
-            found = (_HEAD_BY_CLASS[cls_name], path)
+        if cls_name in by_class:
+            found = (by_class[cls_name], path)
     return found
 
 
@@ -78,13 +106,15 @@ def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], 
     return list(enter.args[0]), results
 
 
-def match(ep: torch.export.ExportedProgram) -> list[Match]:
-    """Every head region of the program, checked; raises FuseError on a bad boundary."""
+def match(ep: torch.export.ExportedProgram, kinds: tuple[str, ...] = tuple(HEADS)) -> list[Match]:
+    """Every region of the program of the `kinds` (names of MODULES; default: the verify
+    heads), checked; raises FuseError on a bad boundary."""
+    by_class = {f"{MODULES[k].__module__}.{MODULES[k].__qualname__}": k for k in kinds}
     graph = ep.graph_module.graph
     regions: dict[tuple[str, str], list[fx.Node]] = {}
     for node in graph.nodes:
         if node.op == "call_function":
-            head = _head_of(node)
+            head = _head_of(node, by_class)
             if head is not None:
                 regions.setdefault(head, []).append(node)
     matches = []
@@ -97,23 +127,19 @@ def match(ep: torch.export.ExportedProgram) -> list[Match]:
 
 def _check(head, fqn, nodes, inputs, outputs) -> None:
     where = f"head {head} at {fqn or '<root>'}"
-    want = [(a.dtype, a.rank) for a in HEADS[head].inputs]  # None dtype: the logits (a float dtype)
+    want, results, off = _signature(head)  # None dtype: a float (the logits, attention's q and caches)
     if len(inputs) != len(want):
-        raise FuseError(f"{where}: {len(inputs)} inputs, SPEC.md's signature has {len(want)}")
-    if len(outputs) != len(HEADS[head].outputs):
-        raise FuseError(f"{where}: {len(outputs)} outputs, SPEC.md's signature has {len(HEADS[head].outputs)}")
+        raise FuseError(f"{where}: {len(inputs)} inputs, the signature has {len(want)}")
+    if len(outputs) != results:
+        raise FuseError(f"{where}: {len(outputs)} outputs, the signature has {results}")
     for node, (dtype, rank) in zip(inputs, want):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() != rank or (dtype is not None and val.dtype != dtype):
             got = f"{val.dtype} rank {val.dim()}" if isinstance(val, torch.Tensor) else type(val).__name__
-            raise FuseError(f"{where}: input {node.name} is {got}, expected {dtype or 'float logits'} rank {rank}")
-    logits = inputs[0].meta["val"]
-    from ..kernels import OPS
-
-    supports = OPS[head][1]
-    if not supports(logits.dtype, int(logits.shape[-1])):
-        raise FuseError(f"{where}: the fused kernel does not support {logits.dtype} logits with "
-                        f"V = {logits.shape[-1]}; set lowering.fused_verify: false")
+            raise FuseError(f"{where}: input {node.name} is {got}, expected {dtype or 'a float tensor'} rank {rank}")
+    _, unsupported = _op_and_support(head, [n.meta["val"] for n in inputs])
+    if unsupported:
+        raise FuseError(f"{where}: the fused kernel does not support {unsupported}; set {off}")
     region = set(nodes)
     allowed_inputs = set(inputs)
     for node in nodes:
@@ -145,10 +171,9 @@ def _is_constant(node: fx.Node) -> bool:
 def rewrite(graph: fx.Graph, m: Match) -> dict[str, str]:
     """One op call after the region's last node; outside uses move to it; the region goes.
     Returns {old name: new name} of the results that moved."""
-    from ..kernels import OPS
-
+    op, _ = _op_and_support(m.head, [n.meta["val"] for n in m.inputs])
     with graph.inserting_after(m.nodes[-1]):
-        call = graph.call_function(OPS[m.head][0], tuple(m.inputs))
+        call = graph.call_function(op, tuple(m.inputs))
     vals = [o.meta["val"] for o in m.outputs]
     call.meta["val"] = tuple(vals) if len(vals) > 1 else vals[0]
     call.meta["nn_module_stack"] = dict(m.outputs[0].meta.get("nn_module_stack") or {})
@@ -179,22 +204,25 @@ def _rename_outputs(signature, renamed: dict[str, str]) -> None:
             spec.arg = TensorArgument(name=renamed[name])
 
 
-def head_paths(module: torch.nn.Module) -> list[tuple[str, str]]:
-    """(module path, head name) of every head module inside `module` ("" = the module itself)."""
-    classes = {h.module: name for name, h in HEADS.items()}
+def head_paths(module: torch.nn.Module, kinds: tuple[str, ...] = tuple(HEADS)) -> list[tuple[str, str]]:
+    """(module path, region name) of every module of the `kinds` inside `module` ("" = the
+    module itself); by default the verify heads."""
+    classes = {MODULES[k]: k for k in kinds}
     return [(path, classes[type(m)]) for path, m in module.named_modules() if type(m) in classes]
 
 
 class FuseVerifyHeads:
     """The pass: `FuseVerifyHeads()(ep)` rewrites every head in place; returns a FuseResult.
     With `expected` (module paths of the heads the method holds), a head that matched
-    nothing raises: the export asked for fused kernels and must not ship ATen heads."""
+    nothing raises: the export asked for fused kernels and must not ship ATen heads.
+    `kinds` (names of MODULES): the regions it rewrites (default: the verify heads;
+    ("cached_attention",): the target's attention)."""
 
-    def __init__(self, expected: list[str] | None = None):
-        self.expected = expected
+    def __init__(self, expected: list[str] | None = None, kinds: tuple[str, ...] = tuple(HEADS)):
+        self.expected, self.kinds = expected, kinds
 
     def __call__(self, ep: torch.export.ExportedProgram) -> FuseResult:
-        matches = match(ep)  # checks every region before touching any
+        matches = match(ep, self.kinds)  # checks every region before touching any
         if self.expected is not None:
             missing = sorted(set(self.expected) - {m.fqn for m in matches})
             if missing:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..boundary import mark
+
 
 @dataclass(frozen=True)
 class Rope:
@@ -181,6 +183,30 @@ def attend(
     out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
     out = _flat(out, (b, kv, groups, length, dim)).permute(0, 3, 1, 2, 4)  # [B, L, KV, G, D]
     return _flat(out, (b, length, heads * dim))
+
+
+class CachedAttention(nn.Module):
+    """Each row's attention over cells [lo, hi) of its own slot of a layer's KV cache; a row
+    with an empty interval gets zeros. Here (eager, CPU programs) every row gathers its whole
+    slot and masks it; a CUDA export with `lowering.fused_attention` swaps this module for
+    `dflash::cached_attention`, which reads only the interval (lowering/fuse_verify.py). While
+    exporting it marks its inputs and its result (export/boundary.py), as the heads do."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [R, H, D]
+        k_cache: torch.Tensor,  # [S, T, KV, D]
+        v_cache: torch.Tensor,  # [S, T, KV, D]
+        slot: torch.Tensor,  # [R] int64
+        lo: torch.Tensor,  # [R] int64
+        hi: torch.Tensor,  # [R] int64
+    ) -> torch.Tensor:  # [R, H * D]
+        q, k_cache, v_cache, slot, lo, hi = mark("cached_attention", "inputs", q, k_cache, v_cache, slot, lo, hi)
+        cells = torch.arange(k_cache.shape[1], dtype=torch.int64, device=q.device)
+        allowed = (cells[None, :] >= lo[:, None]) & (cells[None, :] < hi[:, None])  # [R, T]
+        out = attend(q.unsqueeze(1), k_cache[slot], v_cache[slot], allowed.unsqueeze(1)).squeeze(1)
+        (out,) = mark("cached_attention", "outputs", torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0))
+        return out
 
 
 def _flat(x: torch.Tensor, shape: tuple) -> torch.Tensor:

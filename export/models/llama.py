@@ -9,12 +9,14 @@ the embedding or not). Parameter names are HF's (`model.layers.N.self_attn.q_pro
 Packed step: rows `[offsets[o], offsets[o+1])` belong to owner `o`, the first at
 position `start_position[o]`, in KV slot `slots[o]`. Each layer first writes
 every row's K/V at (its slot, its position), then each row attends to its
-slot's positions `<= its own`. So rows of one owner in one step see each other
-causally, and cache entries past a row's position (stale drafts of an earlier
-step, or an earlier owner of a reused slot) are never read. Each row gathers
-its slot's whole cache (`[R, T, KV, D]`): simple, vectorised over owners and
-batch-invariant (a row's result does not depend on the other rows), sized for
-the portable reference program; a backend may swap in a paged kernel.
+slot's positions `<= its own` (`layers.CachedAttention`). So rows of one owner in
+one step see each other causally, and cache entries past a row's position (stale
+drafts of an earlier step, or an earlier owner of a reused slot) are never read.
+Each row gathers its slot's whole cache (`[R, T, KV, D]`): simple, vectorised over
+owners and batch-invariant (a row's result does not depend on the other rows),
+sized for the portable reference program; a CUDA export with
+`lowering.fused_attention` swaps in `dflash::cached_attention`, which reads only the
+cells each row sees.
 
 Hidden taps (z-lab DFlash convention, `extract_context_feature`): the drafter's
 context is `hidden_states[layer_id + 1]` of HF's `output_hidden_states`, i.e.
@@ -72,6 +74,7 @@ class DecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = layers.MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.cached_attention = layers.CachedAttention()  # no parameters: HF's names are unchanged
 
     def forward(
         self,
@@ -79,17 +82,15 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,  # [R, D]
         sin: torch.Tensor,  # [R, D]
         place: packing.Placement,
-        allowed: torch.Tensor,  # [R, T] bool
+        seen: tuple[torch.Tensor, torch.Tensor],  # ([R], [R]) int64: the cells [lo, hi) each row sees
     ) -> torch.Tensor:  # [R, hidden]
         attn = self.self_attn
         h = self.input_layernorm(x)
         q = attn.query(h, cos, sin)
         k, v = attn.key_value(h, cos, sin)
         attn.store(place.write_slot, place.write_position, k, v)
-        out = layers.attend(
-            q.unsqueeze(1), attn.k_cache[place.read_slot], attn.v_cache[place.read_slot], allowed.unsqueeze(1)
-        )
-        x = x + attn.o_proj(out.squeeze(1))
+        out = self.cached_attention(q, attn.k_cache, attn.v_cache, place.read_slot, *seen)
+        x = x + attn.o_proj(out)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -142,12 +143,11 @@ class Target(nn.Module):
         )
         x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
         cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
-        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=tokens.device)
-        allowed = cells[None, :] <= place.position[:, None]  # [R, T]
+        seen = (torch.zeros_like(place.position), place.position + 1)  # cells <= the row's position
         tapped = {}
         last = self.cfg.num_layers - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, place, allowed)
+            x = layer(x, cos, sin, place, seen)
             if i in taps:
                 tapped[i] = self.model.norm(x) if i == last else x
         return x, torch.cat([tapped[i] for i in taps], dim=-1)
