@@ -50,8 +50,9 @@ def manifest(cfg: ExportConfig, spec: methods.ProgramSpec) -> dict:
 
 
 def trace(spec: methods.ProgramSpec, progress: artifact.Progress, device: str = "cpu") -> dict:
-    """torch.export every method (the verify heads inside keep their boundary markers,
-    `boundary.py`: the CUDA lowering fuses them, the portable lowering strips them)."""
+    """torch.export every method (the verify heads and the target's attention inside keep their
+    boundary markers, `boundary.py`: the CUDA lowering fuses them or strips them, the portable
+    lowering strips them)."""
     programs = {}
     with torch.no_grad():
         for m in spec.methods:

@@ -39,9 +39,8 @@ def _graphs(cfg, fused: bool) -> driver.Program:
     programs = exporter.trace(spec, _quiet(), device="cuda")
     if fused:
         fuse_heads(programs, {m.name: m.module for m in spec.methods})
-    else:
-        for ep in programs.values():
-            boundary.strip(ep)
+    for ep in programs.values():
+        boundary.strip(ep)  # (with the heads fused: the attention's markers, which would copy the caches)
     return graph_program(spec, programs, device="cuda")
 
 

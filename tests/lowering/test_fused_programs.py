@@ -8,7 +8,7 @@ import io
 import pytest
 from conftest import DEVICE
 
-from dflash_et.export import artifact, builder, config, driver, exporter
+from dflash_et.export import artifact, boundary, builder, config, driver, exporter
 from dflash_et.lowering.cuda import fuse_heads
 from graph_program import graph_program
 
@@ -21,6 +21,8 @@ def fused(request):
     spec = builder.build(cfg)
     programs = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
     report = fuse_heads(programs, {m.name: m.module for m in spec.methods})
+    for ep in programs.values():
+        boundary.strip(ep)  # the attention's markers (lowering.fused_attention off), as prepare() does
     return cfg, spec, programs, report
 
 
