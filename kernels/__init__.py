@@ -7,7 +7,7 @@ Importing this package registers the ops (it needs triton). One module per head:
 top-p lists, wide nuclei), `dense_collect` (whole-row collects), `split_walk` (those
 collects shared out over the programs of dflash_verify's decision launch) and `launch` (block
 sizes, scratch, input checks). Beside the heads: `cached_attention`, attention over each
-row's own cells of a KV cache (issue #26; not yet swapped into the programs).
+row's own cells of a KV cache (issue #26; swapped in by `lowering.fused_attention`).
 """
 
 import torch

@@ -16,12 +16,14 @@ stream the interval in blocks of BLOCK_N cells with an online softmax (running m
 rescaled accumulator). Everything is computed in float32: float32 caches multiply in IEEE
 float32; bfloat16 / float16 values are exact in TF32, so their products q k^T are exact and
 only the probabilities are rounded to TF32 for the second product (flash attention rounds
-them to the half type). The loads stay in the caches' type: the bytes read are the same. Not yet done: the rows of one owner read the same
-cells, program by program (a block of an owner's rows per program would read them once);
-the model's attention is not yet swapped for this op by a lowering pass.
+them to the half type). The loads stay in the caches' type: the bytes read are the same.
+Not yet done: the rows of one owner read the same cells, program by program (a block of an
+owner's rows per program would read them once). `lowering.fused_attention` swaps the
+target's `layers.CachedAttention` for this op (off by default: not yet run on a GPU).
 
 Supported domain (`supports`): float32 / bfloat16 / float16, q and caches of one dtype,
-H a multiple of KV, D <= 256. Reference: `reference` (the models' gather + masked SDPA).
+H a multiple of KV, D <= 256. Reference: `reference` (`layers.CachedAttention`, the models'
+gather + masked SDPA).
 """
 
 import torch
@@ -41,11 +43,9 @@ def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bo
 
 
 def reference(q, k_cache, v_cache, slot, lo, hi):  # [R, H, D], [S, T, KV, D] x2, [R] x3 -> [R, H * D]
-    """The models' way: each row gathers its whole slot and masks the cells outside [lo, hi)."""
-    cells = torch.arange(k_cache.shape[1], device=q.device)
-    allowed = (cells[None, :] >= lo[:, None]) & (cells[None, :] < hi[:, None])  # [R, T]
-    out = layers.attend(q.unsqueeze(1), k_cache[slot], v_cache[slot], allowed.unsqueeze(1)).squeeze(1)
-    return torch.where(allowed.any(dim=-1, keepdim=True), out, 0)
+    """The models' way (the module this op replaces): each row gathers its whole slot and
+    masks the cells outside [lo, hi)."""
+    return layers.CachedAttention()(q, k_cache, v_cache, slot, lo, hi)
 
 
 @triton.jit
@@ -138,7 +138,8 @@ def cached_attention(
         q, k_cache, v_cache, slot, lo, hi, out, k_cache.shape[1], dim ** -0.5,
         heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUPS=groups, BLOCK_G=max(16, triton.next_power_of_2(groups)), HEAD_DIM=dim,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=BLOCK_N, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=BLOCK_N,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out
 

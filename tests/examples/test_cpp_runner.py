@@ -27,10 +27,15 @@ VARIANTS = ("greedy", "sampling")
 EXIT_BAD_INPUT = 2
 
 
+def _compiler() -> str | None:
+    """The first C++ compiler found ($CXX, c++, g++, clang++)."""
+    return next((c for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++") if shutil.which(c)), None)
+
+
 def _missing_toolchain() -> str | None:
     if shutil.which("cmake") is None:
         return "cmake is not installed (the C++ runner is built with CMake)"
-    if not any(shutil.which(c) for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++")):
+    if _compiler() is None:
         return "no C++ compiler (c++, g++ or clang++) is installed"
     return None
 
@@ -293,7 +298,7 @@ def test_the_cuda_runners_shim_check_names_the_shims_it_lacks(tmp_path):
     define), on the CPU: a library importing three aoti_ functions, run by an executable that
     defines one, with another in a library beside it (as libtorch is): the two not in the
     executable are named; a truncated or non-ELF file is an error, not a crash."""
-    cxx = next(c for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++") if shutil.which(c))
+    cxx = _compiler()
     (tmp_path / "lib.cpp").write_text(
         'extern "C" int aoti_torch_defined_here(void*); extern "C" int aoti_torch_zero_(void*);\n'
         'extern "C" int aoti_torch_in_libtorch(void*); extern "C" int other_function(void*);\n'
