@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
@@ -179,13 +180,14 @@ def main(argv=None) -> int:
                 f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
                 dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
                      STAGES=cfg.stages, SPLITS=splits), cfg.warps)
-        # issue #26's attention, at a Qwen3-like head (128 dims, 2 query heads per KV head)
-        ok &= compile_one(
-            f"cached_attention {logits}", cached_attention.cached_attention_kernel, logits,
-            dict(GROUPS=2, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=cached_attention.BLOCK_N,
-                 PRECISION="ieee" if logits == "*fp32" else "tf32"), 4,
-            types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "scale": "fp32",
-                   **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
+        # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head)
+        for heads in (16, 32):
+            meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
+                                                       heads, 8, 128)
+            ok &= compile_one(
+                f"cached_attention {logits} G={meta['GROUPS']}", cached_attention.cached_attention_kernel, logits,
+                meta, warps, types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "scale": "fp32",
+                                    **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
     print("all kernels compile" if ok else "some kernels failed to compile")
     return 0 if ok else 1
 

@@ -11,15 +11,20 @@ Why: the models' reference gathers every row's whole slot ([R, T, KV, D]) and ma
 step's cost grows with rows x `max_seq_len`. Here a program reads only its row's interval:
 work and memory traffic follow sum(hi - lo).
 
-Kernel: one program per (row, KV head). Its G query heads (padded to 16 rows for `tl.dot`)
-stream the interval in blocks of BLOCK_N cells with an online softmax (running max and sum,
-rescaled accumulator). Everything is computed in float32: float32 caches multiply in IEEE
-float32; bfloat16 / float16 values are exact in TF32, so their products q k^T are exact and
-only the probabilities are rounded to TF32 for the second product (flash attention rounds
-them to the half type). The loads stay in the caches' type: the bytes read are the same.
-Not yet done: the rows of one owner read the same cells, program by program (a block of an
-owner's rows per program would read them once). `lowering.fused_attention` swaps the
-target's `layers.CachedAttention` for this op (off by default: not yet run on a GPU).
+Kernel: one program per (row, KV head); a program whose row continues the run of rows of one
+slot above it (in the same tile of BLOCK_R rows) returns at once. The others each lead a run of
+up to BLOCK_R rows of one slot (a DFlash block's rows, a prompt chunk's), so an owner's cells
+are read once per block of its rows, not once per row. Its rows x G query heads (at most
+QUERIES query vectors: one `tl.dot` operand) stream the union of the rows' intervals in
+blocks of BLOCK_N cells, each query masked to its own row's [lo, hi), with an online softmax
+(running max and sum, rescaled accumulator). Rows in any order stay correct: a run ends
+where the slot changes, at worst one row per program.
+
+Everything is computed in float32: float32 caches multiply in IEEE float32; bfloat16 /
+float16 values are exact in TF32, so their products q k^T are exact and only the
+probabilities are rounded to TF32 for the second product (flash attention rounds them to
+the half type). The loads stay in the caches' type: the bytes read are the same.
+`lowering.fused_attention` swaps the target's `layers.CachedAttention` for this op.
 
 Supported domain (`supports`): float32 / bfloat16 / float16, q and caches of one dtype,
 H a multiple of KV, D <= 256. Reference: `reference` (`layers.CachedAttention`, the models'
@@ -35,7 +40,9 @@ from ..export.models import layers
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
-BLOCK_N = 16  # cells per step (tests: lengths around it cover the block edges)
+BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: lengths around it cover the block edges)
+MAX_ROWS = 16  # rows of one run: a DFlash block
+QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
 
 
 def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -48,44 +55,71 @@ def reference(q, k_cache, v_cache, slot, lo, hi):  # [R, H, D], [S, T, KV, D] x2
     return layers.CachedAttention()(q, k_cache, v_cache, slot, lo, hi)
 
 
+def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[dict, int]:
+    """The kernel's constexprs and warps for one head layout (the launcher and the sm_90
+    compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G >= 16
+    query vectors: `tl.dot`'s smallest operand."""
+    groups = heads // kv_heads
+    block_g = triton.next_power_of_2(groups)
+    block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
+    return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
+                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
+                PRECISION="ieee" if dtype == torch.float32 else "tf32"), 4
+
+
 @triton.jit
-def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, cells, scale,
+def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, rows, cells, scale,
                             q_row, q_head, c_slot, c_cell, c_head,
-                            GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+                            GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PRECISION: tl.constexpr):
+    first = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1)
-    slot = tl.load(slot_ptr + row)
-    lo = tl.maximum(tl.load(lo_ptr + row), 0)
-    hi = tl.minimum(tl.load(hi_ptr + row), cells)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    heads = kv * GROUPS + g
-    q_mask = (g < GROUPS)[:, None] & (d < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + row * q_row + heads[:, None] * q_head + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    base = slot * c_slot + kv * c_head
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        live = n < hi
-        at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
-        kv_mask = live[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where(live[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: every step holds a live cell
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        total = total * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m = m_new
-    out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
-    # out is [R, H * D]: a row's heads side by side, as q's are
-    tl.store(out_ptr + row * q_row + heads[:, None] * q_head + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=q_mask)
+    slot = tl.load(slot_ptr + first)
+    above = tl.load(slot_ptr + tl.maximum(first - 1, 0))
+    if (first % BLOCK_R == 0) | (above != slot):  # else the run above reads this row's cells
+        # the run: rows first .. stop - 1, of this slot and this tile of BLOCK_R rows
+        r = first + tl.arange(0, BLOCK_R)
+        in_tile = (r < rows) & (r < (first // BLOCK_R + 1) * BLOCK_R)
+        same = in_tile & (tl.load(slot_ptr + r, mask=in_tile, other=-1) == slot)
+        stop = tl.min(tl.where(same, rows + BLOCK_R, r))  # the first row that is not in the run
+        # query vector i: row first + i // BLOCK_G, query head kv * GROUPS + i % BLOCK_G
+        i = tl.arange(0, BLOCK_R * BLOCK_G)
+        row = first + i // BLOCK_G
+        heads = kv * GROUPS + i % BLOCK_G
+        live = (row < stop) & (i % BLOCK_G < GROUPS)
+        lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
+        hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+        start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
+        end_at = tl.max(hi)
+        d = tl.arange(0, BLOCK_D)
+        q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
+        q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
+        q = tl.load(q_ptr + q_at, mask=q_mask, other=0.0).to(tl.float32)
+        base = slot * c_slot + kv * c_head
+        m = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_R * BLOCK_G, BLOCK_D], tl.float32)
+        for start in range(start_at, end_at, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
+            kv_mask = (n < end_at)[:, None] & (d < HEAD_DIM)[None, :]  # past end_at: zeros (no NaN from any cell)
+            k = tl.load(k_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None])
+            s = tl.where(sees, s * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a query that has seen nothing yet
+            alpha = tl.exp(m - shift)
+            p = tl.exp(s - shift[:, None])
+            total = total * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            m = m_new
+        out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
+        # out is [R, H * D]: a row's heads side by side, as q's are
+        tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def _check(q, k_cache, v_cache, slot, lo, hi) -> None:
@@ -130,16 +164,13 @@ def cached_attention(
     _check(q, k_cache, v_cache, slot, lo, hi)
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
-    groups = heads // kv_heads
     out = q.new_empty((rows, heads * dim))
     if rows == 0:
         return out
+    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim)
     wrap_triton(cached_attention_kernel)[(rows, kv_heads)](
-        q, k_cache, v_cache, slot, lo, hi, out, k_cache.shape[1], dim ** -0.5,
-        heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUPS=groups, BLOCK_G=max(16, triton.next_power_of_2(groups)), HEAD_DIM=dim,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=BLOCK_N,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        q, k_cache, v_cache, slot, lo, hi, out, rows, k_cache.shape[1], dim ** -0.5,
+        heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), **meta, num_warps=warps,
     )
     return out
 

@@ -11,8 +11,8 @@ from dflash_et.export.models import layers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SLOTS, CELLS, HEADS, KV, DIM = 3, 40, 4, 2, 16
 N = ca.BLOCK_N
+SLOTS, CELLS, HEADS, KV, DIM = 3, 2 * N + 8, 4, 2, 16
 
 
 def _case(dtype, seed=0):
@@ -68,6 +68,25 @@ def test_the_targets_rows_see_their_slot_up_to_their_position():
     want = layers.attend(q.unsqueeze(1), k[slot], v[slot], allowed.unsqueeze(1)).squeeze(1)
     got = torch.ops.dflash.cached_attention(q, k, v, slot, torch.zeros_like(position), position + 1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
+    """Packed owners: runs of rows of one slot (shorter than, as long as and longer than a
+    program's BLOCK_R rows, a slot met again further down, a lone row), each row causal on its
+    own position, a few windowed. One program reads a run's cells for all its rows; every
+    row still sees only its own interval."""
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM)[0]["BLOCK_R"]
+    runs = [(0, 5), (1, block), (2, block + 3), (0, 2), (1, 1), (2, 2 * block + 1), (0, 3)]
+    slot = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, n in runs])
+    rows = slot.shape[0]
+    g = torch.Generator().manual_seed(4)
+    position = torch.randint(0, CELLS, (rows,), generator=g)
+    lo = torch.where(torch.rand(rows, generator=g) < 0.2, position // 2, torch.zeros_like(position))
+    q = torch.randn(rows, HEADS, DIM, generator=g)
+    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
+    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_input_is_named():
