@@ -98,8 +98,9 @@ class LoweringConfig:
     templates only (every other kernel takes inductor's heuristic launch config), `full` is
     ExecuTorch's default (`max_autotune`: every pointwise and reduction kernel's launch
     configs are benchmarked too, a slower export). `fused_attention`: swap the target's
-    attention (every row gathers its whole KV slot) for `dflash::cached_attention`, which reads
-    only the cells each row sees (issue #26; off by default until measured on a GPU)."""
+    and the drafter's attention (every row gathers its whole KV slot) for
+    `dflash::cached_attention`, which reads only the cells each row sees (issue #26; off by
+    default until measured in a program on a GPU)."""
 
     fused_verify: bool = True
     autotune: str = "gemm"

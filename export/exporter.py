@@ -50,7 +50,7 @@ def manifest(cfg: ExportConfig, spec: methods.ProgramSpec) -> dict:
 
 
 def trace(spec: methods.ProgramSpec, progress: artifact.Progress, device: str = "cpu") -> dict:
-    """torch.export every method (the verify heads and the target's attention inside keep their
+    """torch.export every method (the verify heads and the attention inside keep their
     boundary markers, `boundary.py`: the CUDA lowering fuses them or strips them, the portable
     lowering strips them)."""
     programs = {}

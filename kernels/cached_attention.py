@@ -8,8 +8,10 @@ a row whose interval is empty gets zeros. The target's rows see [0, position + 1
 slot (`export/models/llama.py`).
 
 Why: the models' reference gathers every row's whole slot ([R, T, KV, D]) and masks it, so a
-step's cost grows with rows x `max_seq_len`. Here a program reads only its row's interval:
-work and memory traffic follow sum(hi - lo).
+step's cost grows with rows x `max_seq_len`. Here a program reads only the union of its rows'
+intervals: work and memory traffic follow the cells the owners hold. The drafter's block
+rows (context + block, causal or not, windowed or not) also see one interval each, once
+the block's K/V are in the cache (`export/models/dflash.py`).
 
 Kernel: one program per (row, KV head); a program whose row continues the run of rows of one
 slot above it (in the same tile of BLOCK_R rows) returns at once. The others each lead a run of

@@ -19,7 +19,7 @@ from ..export import artifact, boundary, methods
 from ..export.heads import HEADS
 from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
-from .fuse_verify import FuseVerifyHeads, head_paths
+from .fuse_verify import FuseVerifyHeads, called_regions, head_paths
 from .inductor_compat import no_x_dim_rows_are_scalars
 from . import parallel_compile
 from .parallel_compile import classmethod_replaced, compiled_by_workers
@@ -48,7 +48,7 @@ def fuse_heads(programs: dict, modules: dict[str, torch.nn.Module], kinds: tuple
 
     report = {}
     for name, ep in programs.items():
-        expected = [path for path, _ in head_paths(modules[name], kinds)]
+        expected = called_regions(ep, [path for path, _ in head_paths(modules[name], kinds)])
         result = FuseVerifyHeads(expected=expected, kinds=kinds)(ep)
         report[name] = result.heads
     return report
@@ -161,7 +161,7 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
 
 
 def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
-    """Fuse every method's verify heads (`lowering.fused_verify`) and the target's attention
+    """Fuse every method's verify heads (`lowering.fused_verify`) and the target's and drafter's attention
     (`lowering.fused_attention`), then strip the boundary markers of what stays plain ATen, so
     that goes into the delegate. Returns the fused regions by method."""
     modules = {m.name: m.module for m in spec.methods}

@@ -28,7 +28,7 @@ from ..export.models import layers
 from .errors import LoweringError
 
 # Region name -> the module whose subgraph the pass swaps: the verify heads (HEADS) and the
-# target's attention over its KV cache.
+# attention over a KV cache (the target's and the drafter's).
 MODULES = {**{name: h.module for name, h in HEADS.items()}, "cached_attention": layers.CachedAttention}
 # The attention's boundary (layers.CachedAttention): q, k_cache, v_cache (one float dtype), slot, lo, hi.
 _ATTENTION_INPUTS = [(None, 3), (None, 4), (None, 4), (torch.int64, 1), (torch.int64, 1), (torch.int64, 1)]
@@ -211,12 +211,20 @@ def head_paths(module: torch.nn.Module, kinds: tuple[str, ...] = tuple(HEADS)) -
     return [(path, classes[type(m)]) for path, m in module.named_modules() if type(m) in classes]
 
 
+def called_regions(ep: torch.export.ExportedProgram, paths: list[str]) -> list[str]:
+    """The region modules among `paths` whose parent module ran in the traced method: the
+    regions it must hold. (A method may own a region module it never calls: draft_prefill
+    holds the drafter's attention, which only draft_forward runs.)"""
+    ran = {path for n in ep.graph.nodes for path, _ in (n.meta.get("nn_module_stack") or {}).values()}
+    return [p for p in paths if "." not in p or p.rsplit(".", 1)[0] in ran]
+
+
 class FuseVerifyHeads:
     """The pass: `FuseVerifyHeads()(ep)` rewrites every head in place; returns a FuseResult.
     With `expected` (module paths of the heads the method holds), a head that matched
     nothing raises: the export asked for fused kernels and must not ship ATen heads.
     `kinds` (names of MODULES): the regions it rewrites (default: the verify heads;
-    ("cached_attention",): the target's attention)."""
+    ("cached_attention",): the target's and the drafter's attention)."""
 
     def __init__(self, expected: list[str] | None = None, kinds: tuple[str, ...] = tuple(HEADS)):
         self.expected, self.kinds = expected, kinds

@@ -22,9 +22,13 @@ z-lab architecture (`dflash/model.py`):
 
 The context cache holds, per layer and slot, the post-k_norm post-RoPE K and
 the V of every committed position (z-lab's `past_key_values_draft` after
-`crop(start)`). Entries at positions >= P are never read (the mask is
-`position < P`), so rows written past the committed prefix, or left over from
-an earlier owner of the slot, are harmless until overwritten.
+`crop(start)`). A block writes its own K/V at cells P .. P + L - 1 before it
+attends, so every query sees one interval of cells (`Drafter.seen`), which
+`dflash::cached_attention` reads without a mask; the caches have L - 1 cells
+past max_seq_len for a block that runs off the slot's end. Entries at cells
+>= P + L are never read, and those in [P, P + L) are rewritten by the next
+block or by committed context, so rows written past the committed prefix, or
+left over from an earlier owner of the slot, are harmless until overwritten.
 """
 
 from dataclasses import dataclass, field
@@ -95,29 +99,32 @@ class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig, slots: int, max_seq_len: int, dtype: torch.dtype):
         super().__init__()
         self.input_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = layers.Attention(
+        self.self_attn = layers.Attention(  # cells past max_seq_len: a block that runs off the slot's end
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps,
-            True, False, slots, max_seq_len, dtype,
+            True, False, slots, max_seq_len + cfg.block_size - 1, dtype,
         )
         self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = layers.MLP(cfg.hidden_size, cfg.intermediate_size)
+        # no parameters: z-lab's names are unchanged; a block's rows gather their slot once
+        self.cached_attention = layers.CachedAttention(group=cfg.block_size)
 
     def forward(
         self,
         x: torch.Tensor,  # [O, L, hidden]: the block stream
         cos: torch.Tensor,  # [O * L, D]
         sin: torch.Tensor,  # [O * L, D]
-        read_slot: torch.Tensor,  # [O] int64
-        allowed: torch.Tensor,  # [O, L, T + L] bool
+        slot: torch.Tensor,  # [O * L] int64: each block row's slot (its owner's, or the scratch slot)
+        cell: torch.Tensor,  # [O * L] int64: the cell its K/V go to (its position)
+        seen: tuple[torch.Tensor, torch.Tensor],  # ([O * L], [O * L]) int64: the cells [lo, hi) it sees
     ) -> torch.Tensor:  # [O, L, hidden]
         attn = self.self_attn
         owners, length, hidden = x.shape
         h = self.input_layernorm(x).reshape(owners * length, hidden)
-        q = attn.query(h, cos, sin).view(owners, length, attn.heads, attn.head_dim)
+        q = attn.query(h, cos, sin)
         k, v = attn.key_value(h, cos, sin)
-        k = torch.cat([attn.k_cache[read_slot], k.view(owners, length, attn.kv_heads, attn.head_dim)], dim=1)
-        v = torch.cat([attn.v_cache[read_slot], v.view(owners, length, attn.kv_heads, attn.head_dim)], dim=1)
-        x = x + attn.o_proj(layers.attend(q, k, v, allowed))
+        attn.store(slot, cell, k, v)  # the block's keys sit after the context: one interval per query
+        out = self.cached_attention(q, attn.k_cache, attn.v_cache, slot, *seen)
+        x = x + attn.o_proj(out).view(owners, length, hidden)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -159,36 +166,38 @@ class Drafter(nn.Module):
         steps = torch.arange(length, dtype=torch.int64, device=noise.device)
         positions = torch.clamp(start_position[:, None] + steps[None, :], 0, self.max_seq_len - 1).reshape(-1)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        read_slot = packing.slot_or_scratch(slots, self.slots)
-        masks = {}  # (causal, window) -> [O, L, T + L] bool
+        # an owner with a bad slot or P outside [0, max_seq_len) drafts from the scratch slot
+        valid = (start_position >= 0) & (start_position < self.max_seq_len)
+        slot = torch.where(valid, packing.slot_or_scratch(slots, self.slots), self.slots)
+        start = torch.clamp(start_position, 0, self.max_seq_len - 1)
+        cell = (start[:, None] + steps[None, :]).reshape(-1)  # < max_seq_len + L - 1: the caches' size
+        row_slot = slot[:, None].expand(owners, length).reshape(-1)
+        seen = {}  # (causal, window) -> (lo, hi)
         x = noise
         for i, layer in enumerate(self.layers):
             kind = self.cfg.attention(i)
-            if kind not in masks:
-                masks[kind] = self._allowed(start_position, length, *kind)
-            x = layer(x, cos, sin, read_slot, masks[kind])
+            if kind not in seen:
+                seen[kind] = self.seen(start, length, *kind)
+            x = layer(x, cos, sin, row_slot, cell, seen[kind])
         return self.norm(x)
 
-    def _allowed(self, start_position: torch.Tensor, length: int, causal: bool, window: int | None) -> torch.Tensor:
-        """[O, L, T + L]: which context cells and block keys each block query sees. Query i
-        is at position P + i, context cell c at position c (< P: committed), block key j at
-        P + j."""
-        device = start_position.device
-        cells = torch.arange(self.max_seq_len, dtype=torch.int64, device=device)
-        steps = torch.arange(length, dtype=torch.int64, device=device)
-        query = start_position[:, None, None] + steps[None, :, None]  # [O, L, 1]
-        context = cells[None, None, :] < start_position[:, None, None]  # [O, 1, T]
+    @staticmethod
+    def seen(start: torch.Tensor, length: int, causal: bool, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """([O * L], [O * L]): the cells [lo, hi) each block query sees. Query i is at
+        position q = P + i, context cell c at position c (< P: committed), block key j at
+        cell P + j. Every layer kind sees one interval: full, all of [0, P + L); causal,
+        [0, q + 1); a window W keeps keys k with q - k < W (lo = q - W + 1) and, when not
+        causal, k - q < W (hi = q + W)."""
+        steps = torch.arange(length, dtype=torch.int64, device=start.device)
+        query = (start[:, None] + steps[None, :]).reshape(-1)
+        end = (start[:, None] + length).expand(-1, length).reshape(-1)
+        hi = query + 1 if causal else end
+        lo = torch.zeros_like(query)
         if window is not None:
-            context = context & (query - cells[None, None, :] < window)  # c < P <= q: k - q < W holds
-        ahead = steps[None, :] - steps[:, None]  # [L, L]: j - i = key - query
-        block = torch.ones(length, length, dtype=torch.bool, device=device)
-        if causal:
-            block = block & (ahead <= 0)
-        if window is not None:
-            block = block & (-ahead < window) & (ahead < window)
-        owners = start_position.shape[0]
-        return torch.cat([context.expand(owners, length, self.max_seq_len),
-                          block[None].expand(owners, length, length)], dim=-1)
+            lo = torch.clamp(query - window + 1, min=0)
+            if not causal:
+                hi = torch.minimum(hi, query + window)
+        return lo, hi
 
 
 def draft_tokens(

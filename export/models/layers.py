@@ -187,24 +187,35 @@ def attend(
 
 class CachedAttention(nn.Module):
     """Each row's attention over cells [lo, hi) of its own slot of a layer's KV cache; a row
-    with an empty interval gets zeros. Here (eager, CPU programs) every row gathers its whole
-    slot and masks it; a CUDA export with `lowering.fused_attention` swaps this module for
-    `dflash::cached_attention`, which reads only the interval (lowering/fuse_verify.py). While
-    exporting it marks its inputs and its result (export/boundary.py), as the heads do."""
+    with an empty interval gets zeros. Here (eager, CPU programs) every group of `group`
+    consecutive rows gathers its slot's whole cache once and masks it: the target's rows
+    are groups of one (any slot each), the drafter's a block of one owner's rows (`group`
+    = block_size, one slot per group). A CUDA export with `lowering.fused_attention` swaps
+    this module for `dflash::cached_attention`, which reads only the intervals
+    (lowering/fuse_verify.py). While exporting it marks its inputs and its result
+    (export/boundary.py), as the heads do."""
+
+    def __init__(self, group: int = 1):
+        super().__init__()
+        self.group = group
 
     def forward(
         self,
         q: torch.Tensor,  # [R, H, D]
         k_cache: torch.Tensor,  # [S, T, KV, D]
         v_cache: torch.Tensor,  # [S, T, KV, D]
-        slot: torch.Tensor,  # [R] int64
+        slot: torch.Tensor,  # [R] int64 (one slot per group of rows)
         lo: torch.Tensor,  # [R] int64
         hi: torch.Tensor,  # [R] int64
     ) -> torch.Tensor:  # [R, H * D]
         q, k_cache, v_cache, slot, lo, hi = mark("cached_attention", "inputs", q, k_cache, v_cache, slot, lo, hi)
+        rows, heads, dim = q.shape
+        g = self.group
         cells = torch.arange(k_cache.shape[1], dtype=torch.int64, device=q.device)
         allowed = (cells[None, :] >= lo[:, None]) & (cells[None, :] < hi[:, None])  # [R, T]
-        out = attend(q.unsqueeze(1), k_cache[slot], v_cache[slot], allowed.unsqueeze(1)).squeeze(1)
+        first = slot.view(rows // g, g)[:, 0]  # the slot of each group
+        out = attend(q.view(rows // g, g, heads, dim), k_cache[first], v_cache[first],
+                     allowed.view(rows // g, g, -1)).view(rows, heads * dim)
         (out,) = mark("cached_attention", "outputs", torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0))
         return out
 

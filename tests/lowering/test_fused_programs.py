@@ -55,9 +55,10 @@ def test_fused_graphs_commit_the_eager_programs_tokens(fused):
 
 
 def test_fused_attention_reads_the_same_cells_and_commits_the_eager_tokens():
-    """`lowering.fused_attention`: every layer's attention in the target's methods becomes one
-    dflash::cached_attention call (the drafter's stays), and the rewritten graphs still commit
-    the eager program's tokens (float32: the op and the reference differ by rounding only)."""
+    """`lowering.fused_attention`: every layer's attention in the target's methods and in
+    draft_forward becomes one dflash::cached_attention call, and the rewritten graphs still
+    commit the eager program's tokens and propose its drafts (float32: the op and the
+    reference differ by rounding only)."""
     import dataclasses
 
     cfg = config.load("tiny-dflash-greedy-cuda")
@@ -68,14 +69,16 @@ def test_fused_attention_reads_the_same_cells_and_commits_the_eager_tokens():
     from dflash_et.lowering.cuda import prepare
 
     report = prepare(programs, spec, cfg)
-    layers = next(m for m in spec.methods if m.name == "target_verify").module.target.cfg.num_layers
-    for name in ("target_prefill", "target_verify"):
+    modules = {m.name: m.module for m in spec.methods}
+    layers = {"target_prefill": modules["target_verify"].target.cfg.num_layers,
+              "target_verify": modules["target_verify"].target.cfg.num_layers,
+              "draft_forward": modules["draft_forward"].drafter.cfg.num_layers}
+    for name, count in layers.items():
         ops = [str(n.target) for n in programs[name].graph.nodes if n.op == "call_function"]
         attention = [op for op in ops if op == "dflash.cached_attention.default"]
-        assert len(attention) == layers, (name, ops)
-        assert len([r for r in report[name] if r.startswith("cached_attention@")]) == layers, report[name]
+        assert len(attention) == count, (name, ops)
+        assert len([r for r in report[name] if r.startswith("cached_attention@")]) == count, report[name]
         assert not any("scaled_dot_product" in op or "head_boundary" in op for op in ops), name
-    assert not any("cached_attention" in str(n.target) for n in programs["draft_forward"].graph.nodes)
     graphs = graph_program(spec, programs, device=DEVICE)
     eager = driver.Program.eager(builder.build(cfg))
     owners = driver.scenario(graphs, seed=3, owners=2)  # (the interpreter runs a program per row and KV head)
@@ -83,4 +86,5 @@ def test_fused_attention_reads_the_same_cells_and_commits_the_eager_tokens():
     want = driver.generate(eager, owners, mode="speculative", max_steps=2)
     for name, same, why in driver.compare(got, want, partial=True):
         assert same, f"{name}: {why}"
+    assert driver.compare_drafts(got, want) is None
     assert sum(len(t) for t in got.tokens.values()) >= 4
