@@ -9,7 +9,7 @@ from small_models import SLOTS, T, small_drafter, small_target
 from dflash_et.export import builder, config, driver
 from dflash_et.export.config import ExportConfig, LimitsConfig, ModelConfig
 from dflash_et.export.dflash_program import DraftForward, DraftPrefill
-from dflash_et.export.models import layers, packing
+from dflash_et.export.models import Drafter, layers, packing, presets
 
 
 
@@ -152,6 +152,26 @@ def test_drafter_ignores_context_past_the_block():
         states = drafter.block(noise, torch.tensor([10]), torch.tensor([1]))  # must see only 0..9
     want = ref.drafter_logits(drafter, target, ctx[:10], a[10], 10)
     torch.testing.assert_close((states[0, 1:] @ target.output_weight.T).double(), want, atol=2e-4, rtol=1e-4)
+
+
+def test_a_block_that_runs_off_the_slots_end_keeps_its_own_keys():
+    """The block writes its K/V at cells P .. P + L - 1 before it attends; past max_seq_len
+    they go to the caches' L - 1 extra cells, not onto one another. A causal drafter at
+    P = T - 2: its block rows at positions <= T - 1 (RoPE unclamped) equal those of the same
+    drafter with room to spare."""
+    short = small_drafter(is_causal=True)
+    long = presets.init_drafter(Drafter(short.cfg, SLOTS, 2 * T), 1)  # small_drafter's weights
+    target = small_target()
+    (a,) = sequences(7, (T,))
+    ctx = _context_rows(target, short, a, T - 2)
+    states = []
+    with torch.no_grad():
+        for drafter in (short, long):
+            DraftPrefill(drafter)(ctx, torch.tensor([0, T - 2]), torch.tensor([0]), torch.tensor([1]))
+            noise = target.model.embed_tokens(torch.tensor([[a[T - 2]] + [60] * 3]))
+            states.append(drafter.block(noise, torch.tensor([T - 2]), torch.tensor([1])))
+    torch.testing.assert_close(states[0][0, :2], states[1][0, :2], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(states[0]).all()
 
 
 def test_llama3_rope_scaling():
