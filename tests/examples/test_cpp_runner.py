@@ -198,6 +198,19 @@ def test_target_only_gives_the_same_tokens(setup, programs, variant):
     assert all(a == [1] * len(a) for a in target_only["steps"])
 
 
+def test_owners_from_a_file_are_the_owners_of_the_command_line(setup, programs, tmp_path):
+    """--owners FILE (one SPEC a line, '#' and blank lines skipped) after an --owner: the same
+    owners, in the same order, the same tokens."""
+    group = [o.fresh(name=f"owner{i}") for i, o in enumerate(_mixed(programs["sampling"]))]
+    specs = [runner_cli.owner_spec(o) for o in group]
+    listed = tmp_path / "owners.txt"
+    listed.write_text("# owners 1 and 2\n" + specs[1] + "\n\n" + specs[2] + "\r\n")
+    inline = _run_owners(setup, "sampling", group)
+    done = _run(setup["runner"], "--program", setup["sampling"] / "model.pte", "--owner", specs[0], "--owners", listed)
+    assert done.returncode == 0, done.stderr
+    assert runner_cli.parse(done.stdout)["tokens"] == inline["tokens"]
+
+
 def _owner_args(*specs: str) -> list[str]:
     return [a for s in specs for a in ("--owner", s)]
 
@@ -239,6 +252,8 @@ BAD_INPUTS = {
         lambda d: ["--program", d["greedy"] / "model.pte", "--no-shared-state", *_owner_args("prompt=1:max_new=2")],
         "--no-shared-state is for CUDA programs"),
     "unknown flag": (lambda d: ["--steps", "3"], "unknown argument '--steps'"),
+    "missing owners file": (lambda d: ["--program", d["greedy"] / "model.pte", "--owners", d["greedy"] / "nope.txt"],
+                            "nope.txt: cannot read the file"),
 }
 
 

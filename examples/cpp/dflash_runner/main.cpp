@@ -116,7 +116,7 @@ std::string join(const std::vector<int64_t>& values, const char* sep = " ") {
 // Command line
 
 const char* kUsage = R"(usage: dflash_runner --program MODEL.pte [--data BLOB.ptd] --owner SPEC [--owner SPEC ...]
-                     [--target-only] [--drafts] [--timing]
+                     [--owners FILE] [--target-only] [--drafts] [--timing]
 
 Drives a dflash-et DFlash program (contract_version 1, docs/CONTRACT.md) through the
 ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
@@ -136,6 +136,9 @@ ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
                      join=0            the step at which the owner joins, <= 1000000 (default 0)
                      leave=5           the step before which it leaves, done or not (default: never)
                    e.g. --owner prompt=5,17,42:max_new=16:temperature=0.8:top_k=40:top_p=0.9:seed=7
+  --owners FILE    owners from a file, one SPEC a line (blank lines and lines starting with '#'
+                   skipped), after those of any --owner before it: long prompts that a command
+                   line cannot hold
   --target-only    verify the pending token alone (plain decoding, no drafts): the tokens
                    must be the same as the speculative loop's
   --drafts         also print every step's draft_forward drafts
@@ -155,7 +158,7 @@ Output (stdout), one record a line:
   total: steps <s> verifies <v> committed <c> mean_acceptance <m> tokens_per_step <t>
   timing <method> calls <n> median_us <m> mean_us <a>   (--timing; 'step' is draft + verify + commit)
   timing loop seconds <s> committed <c> tokens_per_second <r>   (--timing; prefill included)
-(<i> counts the --owner options from 0; committed = tokens committed by target_verify,
+(<i> counts the owners from 0, in the order given; committed = tokens committed by target_verify,
 the sum of accepted+1; the first token, from target_prefill, is not in it.)
 
 Exit status: 0 done, 1 the program failed at run time, 2 bad input or a program this
@@ -288,12 +291,22 @@ bool parse_args(int argc, char** argv, Options& options) {
       options.program = value("--program");
     } else if (arg == "--owner" || arg.rfind("--owner=", 0) == 0) {
       options.owners.push_back(parse_owner(value("--owner"), options.owners.size()));
+    } else if (arg == "--owners" || arg.rfind("--owners=", 0) == 0) {
+      std::string path = value("--owners");
+      std::ifstream file(path);
+      if (!file) bad_input("--owners " + path + ": cannot read the file (one owner SPEC a line)");
+      std::string line;
+      while (std::getline(file, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty() || line[0] == '#') continue;
+        options.owners.push_back(parse_owner(line, options.owners.size()));
+      }
     } else {
       bad_input("unknown argument '" + arg + "' (see --help)");
     }
   }
   if (options.program.empty()) bad_input("give the program: --program MODEL.pte (see --help)");
-  if (options.owners.empty()) bad_input("give at least one --owner SPEC (see --help)");
+  if (options.owners.empty()) bad_input("give at least one --owner SPEC or an --owners FILE (see --help)");
   return true;
 }
 
