@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Export DFlash speculative-decoding programs (target, drafter, on-device "
         "verify heads) to ExecuTorch .pte files, and check them in the ExecuTorch runtime.",
         epilog=EPILOG.format(configs=textwrap.fill(", ".join(config_mod.builtin_names()), width=78,
-                                                  initial_indent="  ", subsequent_indent="  ")),
+                                                  initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

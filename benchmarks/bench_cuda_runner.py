@@ -4,6 +4,7 @@ for `owners` owners, speculative and target-only, and the loop's tokens per seco
 
     python benchmarks/bench_cuda_runner.py --runner RUNNER --config qwen3-smoke-sampling-cuda \
         --output-dir /tmp/q --out q.md
+    (long contexts: --config qwen3-smoke-8k-sampling-cuda --prompt 128 --prompt-max 8000)
 
 The drafts of the presets' random drafters are never accepted, so the speculative loop
 commits one token per verify; a step costs the same whatever is accepted (the verify rows
@@ -35,9 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="qwen3-smoke-sampling-cuda", help="a built-in config or a YAML path")
     ap.add_argument("--fused-verify", choices=("true", "false"), help="override lowering.fused_verify")
     ap.add_argument("--autotune", choices=config.AUTOTUNE, help="override lowering.autotune")
+    ap.add_argument("--fused-attention", choices=("true", "false"), help="override lowering.fused_attention")
     ap.add_argument("--output-dir", required=True, help="export here (kept if it already holds this config)")
     ap.add_argument("--owners", type=int, default=0, help="default: the program's max_owners")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per owner")
+    ap.add_argument("--prompt-max", type=int, default=0,
+                    help="draw each owner's prompt length from [--prompt, this] (long contexts; default: --prompt)")
     ap.add_argument("--new", type=int, default=48, help="tokens to generate per owner")
     ap.add_argument("--jobs", type=lambda t: None if t == "auto" else int(t), default=None,
                     help="compile the methods in N worker processes (export --jobs; default auto)")
@@ -50,6 +54,8 @@ def main(argv=None) -> int:
         lowering["fused_verify"] = args.fused_verify == "true"
     if args.autotune is not None:
         lowering["autotune"] = args.autotune
+    if args.fused_attention is not None:
+        lowering["fused_attention"] = args.fused_attention == "true"
     cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, **lowering))
     out = Path(args.output_dir)
     held = artifact.read_manifest(out)
@@ -64,18 +70,25 @@ def main(argv=None) -> int:
     n = args.owners or c["max_owners"]
     g = torch.Generator().manual_seed(0)
     sampling = c["variant"] == "sampling"
-    owners = [driver.Owner(f"owner{i}", torch.randint(0, c["vocab_size"], (args.prompt,), generator=g).tolist(),
+    longest = max(args.prompt, args.prompt_max)
+    if longest + args.new > c["max_seq_len"]:
+        ap.error(f"prompts up to {longest} + {args.new} new tokens do not fit max_seq_len {c['max_seq_len']}")
+    lengths = torch.randint(args.prompt, longest + 1, (n,), generator=g).tolist()
+    owners = [driver.Owner(f"owner{i}", torch.randint(0, c["vocab_size"], (lengths[i],), generator=g).tolist(),
                            args.new, temperature=0.8 if sampling and i % 2 else 0.0, top_k=40 if i % 4 == 1 else 0,
                            top_p=0.95 if i % 4 == 3 else 1.0, seed=i) for i in range(n)]
+    listed = out / "bench-owners.txt"  # a file: 64 long prompts do not fit a command line
+    listed.write_text("".join(runner_cli.owner_spec(o) + "\n" for o in owners))
+    prompt = f"prompt {args.prompt}" if longest == args.prompt else f"prompts {args.prompt}-{longest} (sum {sum(lengths)})"
     lines = [f"# {args.config} in the C++ CUDA runner",
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
-             f"{export_note}, lowering {cfg.lowering}, {n} owners x prompt {args.prompt} + {args.new} new tokens "
+             f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
              f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
     for mode, flags in (("speculative", []), ("target-only", ["--target-only"])):
         done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
-                               "--timing", *flags, *runner_cli.owner_args(owners)], capture_output=True, text=True)
+                               "--timing", *flags, "--owners", listed], capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return 1

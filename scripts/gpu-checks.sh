@@ -11,7 +11,7 @@
 #   scripts/gpu-checks.sh runtime   builds the CUDA C++ runner (scripts/build-cuda-runner.sh; ExecuTorch
 #                                   v1.2.0 sources in $ET_SRC, default .et-src) and runs CUDA exports in
 #                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py)
-#   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda) timed in the
+#   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
