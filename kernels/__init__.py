@@ -15,7 +15,25 @@ import torch
 from ..export.heads import HEADS
 from . import cached_attention, sample_rows, verify, verify_argmax  # noqa: F401 (registers the ops)
 
-_MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax}
-# Head name (export/heads.py: HEADS) -> (fused op `dflash::<name>`, supports(logits_dtype, vocab)).
-# The lowering pass reads this.
-OPS = {name: (getattr(torch.ops.dflash, name).default, _MODULES[name].supports) for name in HEADS}
+_HEAD_MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax}
+
+
+def _head_support(module):
+    def unsupported(inputs: list[torch.Tensor]) -> str | None:
+        logits = inputs[0]
+        return None if module.supports(logits.dtype, int(logits.shape[-1])) else (
+            f"{logits.dtype} logits with V = {logits.shape[-1]}")
+    return unsupported
+
+
+def _attention_support(inputs: list[torch.Tensor]) -> str | None:
+    q, k = inputs[0], inputs[1]
+    return None if cached_attention.supports(q.dtype, int(q.shape[1]), int(k.shape[2]), int(q.shape[2])) else (
+        f"{q.dtype} with {q.shape[1]} heads over {k.shape[2]} KV heads of {q.shape[2]} dims")
+
+
+# Region name (lowering/fuse_verify.py: REGIONS; the heads' names are export/heads.py's) ->
+# (fused op `dflash::<name>`, unsupported(inputs): None, or why the kernel does not take these
+# inputs). The lowering pass reads this.
+OPS = {**{name: (getattr(torch.ops.dflash, name).default, _head_support(_HEAD_MODULES[name])) for name in HEADS},
+       "cached_attention": (torch.ops.dflash.cached_attention.default, _attention_support)}

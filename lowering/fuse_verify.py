@@ -27,33 +27,36 @@ from ..export.heads import HEADS
 from ..export.models import layers
 from .errors import LoweringError
 
-# Region name -> the module whose subgraph the pass swaps: the verify heads (HEADS) and the
-# attention over a KV cache (the target's and the drafter's).
-MODULES = {**{name: h.module for name, h in HEADS.items()}, "cached_attention": layers.CachedAttention}
-# The attention's boundary (layers.CachedAttention): q, k_cache, v_cache (one float dtype), slot, lo, hi.
-_ATTENTION_INPUTS = [(None, 3), (None, 4), (None, 4), (torch.int64, 1), (torch.int64, 1), (torch.int64, 1)]
+@dataclass(frozen=True)
+class Region:
+    """A kind of region the pass swaps for one fused op (`kernels.OPS[name]`): its module, its
+    boundary (inputs as (dtype, or None for a float, rank); output count) and the setting that
+    keeps it plain ATen."""
+
+    module: type
+    inputs: tuple[tuple[torch.dtype | None, int], ...]
+    outputs: int
+    off: str
 
 
-def _signature(name: str) -> tuple[list[tuple], int, str]:
-    """(inputs as (dtype or None for a float, rank), output count, the setting that turns the
-    fusion off) of a region."""
-    if name == "cached_attention":
-        return _ATTENTION_INPUTS, 1, "lowering.fused_attention: false"
-    return [(a.dtype, a.rank) for a in HEADS[name].inputs], len(HEADS[name].outputs), "lowering.fused_verify: false"
+# Region name -> Region: the verify heads (export/heads.py: HEADS) and the attention over a KV
+# cache (the target's and the drafter's, layers.CachedAttention: q, k_cache, v_cache of one
+# float dtype; slot, lo, hi).
+REGIONS = {
+    **{name: Region(h.module, tuple((a.dtype, a.rank) for a in h.inputs), len(h.outputs),
+                    "lowering.fused_verify: false") for name, h in HEADS.items()},
+    "cached_attention": Region(layers.CachedAttention, ((None, 3), (None, 4), (None, 4), (torch.int64, 1),
+                                                        (torch.int64, 1), (torch.int64, 1)), 1,
+                               "lowering.fused_attention: false"),
+}
 
 
-def _op_and_support(name: str, inputs: list[torch.Tensor]) -> tuple:
-    """(the fused op, None or why the kernel does not take these inputs)."""
-    from ..kernels import OPS, cached_attention
+def _fused_op(name: str, inputs: list[torch.Tensor]) -> tuple:
+    """(the fused op, None or why its kernel does not take these inputs)."""
+    from ..kernels import OPS  # registers torch.ops.dflash (needs triton): only when fusing
 
-    if name == "cached_attention":
-        q, k = inputs[0], inputs[1]
-        ok = cached_attention.supports(q.dtype, int(q.shape[1]), int(k.shape[2]), int(q.shape[2]))
-        return torch.ops.dflash.cached_attention.default, None if ok else (
-            f"{q.dtype} with {q.shape[1]} heads over {k.shape[2]} KV heads of {q.shape[2]} dims")
-    op, supports = OPS[name]
-    logits = inputs[0]
-    return op, None if supports(logits.dtype, int(logits.shape[-1])) else f"{logits.dtype} logits with V = {logits.shape[-1]}"
+    op, unsupported = OPS[name]
+    return op, unsupported(inputs)
 
 
 class FuseError(LoweringError):
@@ -107,9 +110,9 @@ def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], 
 
 
 def match(ep: torch.export.ExportedProgram, kinds: tuple[str, ...] = tuple(HEADS)) -> list[Match]:
-    """Every region of the program of the `kinds` (names of MODULES; default: the verify
+    """Every region of the program of the `kinds` (names of REGIONS; default: the verify
     heads), checked; raises FuseError on a bad boundary."""
-    by_class = {f"{MODULES[k].__module__}.{MODULES[k].__qualname__}": k for k in kinds}
+    by_class = {f"{REGIONS[k].module.__module__}.{REGIONS[k].module.__qualname__}": k for k in kinds}
     graph = ep.graph_module.graph
     regions: dict[tuple[str, str], list[fx.Node]] = {}
     for node in graph.nodes:
@@ -127,7 +130,8 @@ def match(ep: torch.export.ExportedProgram, kinds: tuple[str, ...] = tuple(HEADS
 
 def _check(head, fqn, nodes, inputs, outputs) -> None:
     where = f"head {head} at {fqn or '<root>'}"
-    want, results, off = _signature(head)  # None dtype: a float (the logits, attention's q and caches)
+    region_kind = REGIONS[head]
+    want, results, off = region_kind.inputs, region_kind.outputs, region_kind.off  # None dtype: a float
     if len(inputs) != len(want):
         raise FuseError(f"{where}: {len(inputs)} inputs, the signature has {len(want)}")
     if len(outputs) != results:
@@ -137,7 +141,7 @@ def _check(head, fqn, nodes, inputs, outputs) -> None:
         if not isinstance(val, torch.Tensor) or val.dim() != rank or (dtype is not None and val.dtype != dtype):
             got = f"{val.dtype} rank {val.dim()}" if isinstance(val, torch.Tensor) else type(val).__name__
             raise FuseError(f"{where}: input {node.name} is {got}, expected {dtype or 'a float tensor'} rank {rank}")
-    _, unsupported = _op_and_support(head, [n.meta["val"] for n in inputs])
+    _, unsupported = _fused_op(head, [n.meta["val"] for n in inputs])
     if unsupported:
         raise FuseError(f"{where}: the fused kernel does not support {unsupported}; set {off}")
     region = set(nodes)
@@ -171,7 +175,7 @@ def _is_constant(node: fx.Node) -> bool:
 def rewrite(graph: fx.Graph, m: Match) -> dict[str, str]:
     """One op call after the region's last node; outside uses move to it; the region goes.
     Returns {old name: new name} of the results that moved."""
-    op, _ = _op_and_support(m.head, [n.meta["val"] for n in m.inputs])
+    op, _ = _fused_op(m.head, [n.meta["val"] for n in m.inputs])
     with graph.inserting_after(m.nodes[-1]):
         call = graph.call_function(op, tuple(m.inputs))
     vals = [o.meta["val"] for o in m.outputs]
@@ -207,7 +211,7 @@ def _rename_outputs(signature, renamed: dict[str, str]) -> None:
 def head_paths(module: torch.nn.Module, kinds: tuple[str, ...] = tuple(HEADS)) -> list[tuple[str, str]]:
     """(module path, region name) of every module of the `kinds` inside `module` ("" = the
     module itself); by default the verify heads."""
-    classes = {MODULES[k]: k for k in kinds}
+    classes = {REGIONS[k].module: k for k in kinds}
     return [(path, classes[type(m)]) for path, m in module.named_modules() if type(m) in classes]
 
 
@@ -223,7 +227,7 @@ class FuseVerifyHeads:
     """The pass: `FuseVerifyHeads()(ep)` rewrites every head in place; returns a FuseResult.
     With `expected` (module paths of the heads the method holds), a head that matched
     nothing raises: the export asked for fused kernels and must not ship ATen heads.
-    `kinds` (names of MODULES): the regions it rewrites (default: the verify heads;
+    `kinds` (names of REGIONS): the regions it rewrites (default: the verify heads;
     ("cached_attention",): the target's and the drafter's attention)."""
 
     def __init__(self, expected: list[str] | None = None, kinds: tuple[str, ...] = tuple(HEADS)):
