@@ -89,6 +89,21 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads,kv,dim", [(6, 2, 24), (5, 5, 16), (16, 2, 8)])
+def test_odd_head_layouts_pad_and_mask(heads, kv, dim):
+    """3 query heads per KV head over a 24-wide head (both padded), no grouping (1 per KV
+    head), 8 per KV head (fewer rows a program)."""
+    g = torch.Generator().manual_seed(5)
+    slot = torch.tensor([0, 0, 0, 1, 2, 2, 1, 1, 1, 1, 1, 0])
+    position = torch.randint(0, CELLS, (slot.shape[0],), generator=g)
+    q = torch.randn(slot.shape[0], heads, dim, generator=g)
+    k = torch.randn(SLOTS, CELLS, kv, dim, generator=g)
+    v = torch.randn(SLOTS, CELLS, kv, dim, generator=g)
+    lo = torch.zeros_like(position)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
+    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_input_is_named():
     q, k, v, slot, lo, hi = _case(torch.float32)
     op = torch.ops.dflash.cached_attention
