@@ -17,6 +17,7 @@ import dataclasses
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,26 +78,31 @@ def main(argv=None) -> int:
     owners = [driver.Owner(f"owner{i}", torch.randint(0, c["vocab_size"], (lengths[i],), generator=g).tolist(),
                            args.new, temperature=0.8 if sampling and i % 2 else 0.0, top_k=40 if i % 4 == 1 else 0,
                            top_p=0.95 if i % 4 == 3 else 1.0, seed=i) for i in range(n)]
-    listed = out / "bench-owners.txt"  # a file: 64 long prompts do not fit a command line
-    listed.write_text("".join(runner_cli.owner_spec(o) + "\n" for o in owners))
-    prompt = f"prompt {args.prompt}" if longest == args.prompt else f"prompts {args.prompt}-{longest} (sum {sum(lengths)})"
+    listed = tempfile.NamedTemporaryFile("w", suffix=".owners", delete=False)  # 64 long prompts: too long
+    with listed:  # for a command line
+        listed.write("".join(runner_cli.owner_spec(o) + "\n" for o in owners))
+    prompt = (f"prompt {args.prompt}" if longest == args.prompt
+              else f"prompts {args.prompt}-{longest} (sum {sum(lengths)})")
     lines = [f"# {args.config} in the C++ CUDA runner",
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
              f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
              f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
-    for mode, flags in (("speculative", []), ("target-only", ["--target-only"])):
-        done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
-                               "--timing", *flags, "--owners", listed], capture_output=True, text=True)
-        if done.returncode != 0:
-            print(done.stderr[-3000:], file=sys.stderr)
-            return 1
-        got = runner_cli.parse(done.stdout)
-        t = {m: v["median_us"] for m, v in got["timing"].items()}
-        right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
-        lines.append(f"| {mode} | {t.get('draft_forward', 0):.0f} | {t['target_verify']:.0f} | {t['step']:.0f} | "
-                     f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
+    try:
+        for mode, flags in (("speculative", []), ("target-only", ["--target-only"])):
+            done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
+                                   "--timing", *flags, "--owners", listed.name], capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stderr[-3000:], file=sys.stderr)
+                return 1
+            got = runner_cli.parse(done.stdout)
+            t = {m: v["median_us"] for m, v in got["timing"].items()}
+            right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
+            lines.append(f"| {mode} | {t.get('draft_forward', 0):.0f} | {t['target_verify']:.0f} | {t['step']:.0f} | "
+                         f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
+    finally:
+        Path(listed.name).unlink()
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
