@@ -13,6 +13,7 @@ Prints a markdown table; --out writes it to a file.
 
 import argparse
 import copy
+import dataclasses
 import io
 import json
 import platform
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    from dflash_et.lowering.cuda import fuse_heads
+    from dflash_et.lowering.cuda import prepare
     from graph_program import runnable_module
 
     cfg = config.load(args.config)
@@ -98,12 +99,14 @@ def main(argv=None) -> int:
     spec = builder.build(cfg)
     verify = next(m for m in spec.methods if m.name == "target_verify")
     quiet = artifact.Progress(9, stream=io.StringIO())
-    traced = exporter.trace(methods.ProgramSpec([verify], spec.constants, spec.dims), quiet, device="cuda")
+    alone = methods.ProgramSpec([verify], spec.constants, spec.dims)
+    traced = exporter.trace(alone, quiet, device="cuda")
     aten = copy.deepcopy(traced["target_verify"])
     boundary.strip(aten)
     fused = traced["target_verify"]
-    report = fuse_heads({"target_verify": fused}, {"target_verify": verify.module})
-    boundary.strip(fused)  # the attention's markers (lowering.fused_attention off): they would copy the caches
+    # only the head fused, as an export does it (the markers left are stripped: they would copy the caches)
+    heads_only = dataclasses.replace(cfg.lowering, fused_verify=True, fused_attention=False)
+    report = prepare(traced, alone, dataclasses.replace(cfg, lowering=heads_only))
     c = spec.constants
     inputs = step_inputs(verify, args.owners, c["vocab_size"], c["max_seq_len"])
     rows = [f"| graph | {args.owners} owners x {ROWS_PER_OWNER} rows, V={c['vocab_size']} | median ms |",

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from dflash_et.export import artifact, boundary, builder, config, driver, exporter
+from dflash_et.export import artifact, builder, config, driver, exporter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -32,15 +32,13 @@ def _quiet():
 
 
 def _graphs(cfg, fused: bool) -> driver.Program:
-    from dflash_et.lowering.cuda import fuse_heads
+    from dflash_et.lowering.cuda import prepare
     from graph_program import graph_program
 
     spec = builder.build(cfg)
     programs = exporter.trace(spec, _quiet(), device="cuda")
-    if fused:
-        fuse_heads(programs, {m.name: m.module for m in spec.methods})
-    for ep in programs.values():
-        boundary.strip(ep)  # (with the heads fused: the attention's markers, which would copy the caches)
+    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused)
+    prepare(programs, spec, dataclasses.replace(cfg, lowering=lowering))  # every marker left is stripped
     return graph_program(spec, programs, device="cuda")
 
 

@@ -8,8 +8,8 @@ import io
 import pytest
 from conftest import DEVICE
 
-from dflash_et.export import artifact, boundary, builder, config, driver, exporter
-from dflash_et.lowering.cuda import fuse_heads
+from dflash_et.export import artifact, builder, config, driver, exporter
+from dflash_et.lowering.cuda import prepare
 from graph_program import graph_program
 
 pytestmark = pytest.mark.xdist_group("fused_programs")  # one worker traces and fuses each config once
@@ -20,9 +20,7 @@ def fused(request):
     cfg = config.load(f"tiny-dflash-{request.param}-cuda")
     spec = builder.build(cfg)
     programs = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
-    report = fuse_heads(programs, {m.name: m.module for m in spec.methods})
-    for ep in programs.values():
-        boundary.strip(ep)  # the attention's markers (lowering.fused_attention off), as prepare() does
+    report = prepare(programs, spec, cfg)  # the heads fused; the attention's markers stripped
     return cfg, spec, programs, report
 
 
@@ -66,8 +64,6 @@ def test_fused_attention_reads_the_same_cells_and_commits_the_eager_tokens():
                               lowering=dataclasses.replace(cfg.lowering, fused_attention=True))
     spec = builder.build(cfg)
     programs = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
-    from dflash_et.lowering.cuda import prepare
-
     report = prepare(programs, spec, cfg)
     modules = {m.name: m.module for m in spec.methods}
     layers = {"target_prefill": modules["target_verify"].target.cfg.num_layers,
