@@ -78,6 +78,8 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
                             PRECISION: tl.constexpr):
     first = tl.program_id(0).to(tl.int64)
     kv = tl.program_id(1)
+    # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
+    scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
     slot = tl.load(slot_ptr + first)
     above = tl.load(slot_ptr + tl.maximum(first - 1, 0))
     if (first % BLOCK_R == 0) | (above != slot):  # else the run above reads this row's cells
