@@ -285,4 +285,4 @@ def build(cfg: ExportConfig) -> ProgramSpec:
         "enable_dynamic_shape": True,
     }
     dims = {"rows": (1, cfg.limits.max_rows), "owners": (1, cfg.limits.max_owners), "n": (1, cfg.limits.max_rows)}
-    return ProgramSpec(specs, constants, dims, shared_state=True)
+    return ProgramSpec(specs, constants, dims, shared_state=True, trace_sizes=methods.trace_sizes(cfg))

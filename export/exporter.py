@@ -58,7 +58,7 @@ def trace(spec: methods.ProgramSpec, progress: artifact.Progress, device: str = 
         for m in spec.methods:
             with progress.stage(f"tracing {m.name}"):
                 module = m.module.eval().to(device)
-                inputs = tuple(t.to(device) for t in methods.example_inputs(m))
+                inputs = tuple(t.to(device) for t in methods.example_inputs(m, spec.trace_sizes))
                 programs[m.name] = torch.export.export(
                     module,
                     inputs,

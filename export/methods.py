@@ -6,7 +6,6 @@ Shapes are tuples of ints and dim names; `DIMS` names the dynamic dims of
 SPEC.md and the config limit that bounds each.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -65,7 +64,6 @@ class MethodSpec:
     outputs: list[TensorSpec]
     head: str | None = None  # the verify head this method is (for the check and the lowering)
     notes: str = ""
-    example: Callable[[], tuple] | None = None  # tracing inputs, when zeros would not do
 
 
 @dataclass
@@ -76,6 +74,8 @@ class ProgramSpec:
     # Methods mutate buffers (KV caches) that every method must see: the exporter plans
     # mutable buffers once per program, shared by name, instead of once per method.
     shared_state: bool = False
+    # The sizes the methods are traced at (`example_inputs`); None: small ones (_EXAMPLE).
+    trace_sizes: dict[str, int] | None = None
 
 
 def constant_values(spec: ProgramSpec) -> dict:
@@ -93,6 +93,17 @@ def constant_names(spec: ProgramSpec) -> dict:
 
 # Example sizes for tracing: above 1 (export specialises 0 and 1) and distinct.
 _EXAMPLE = {"rows": 5, "owners": 2, "n": 3}
+
+
+def trace_sizes(cfg: ExportConfig) -> dict[str, int] | None:
+    """CUDA programs are traced at their limits: the traced sizes are the hints AOTInductor
+    tunes for (its GEMM autotuning times each candidate at them), and a verify step runs at
+    max_rows. Traced at 5 rows, the GEMMs were tuned for a 5-row matmul and ran the 1024
+    rows of qwen3-smoke's verify with it. Portable programs keep the small sizes (their bytes
+    stay as they were)."""
+    if cfg.backend != "cuda":
+        return None
+    return {"rows": cfg.limits.max_rows, "owners": cfg.limits.max_owners, "n": cfg.limits.max_rows}
 
 
 def _dims(cfg: ExportConfig) -> dict[str, tuple[int, int]]:
@@ -141,7 +152,7 @@ def heads_program(cfg: ExportConfig) -> ProgramSpec:
         "use_kv_cache": False,
         "enable_dynamic_shape": True,
     }
-    return ProgramSpec(methods, constants, _dims(cfg))
+    return ProgramSpec(methods, constants, _dims(cfg), trace_sizes=trace_sizes(cfg))
 
 
 def _resolve(size, sizes: dict[str, int]) -> int:
@@ -157,10 +168,8 @@ def dim_max(size, dims: dict[str, tuple[int, int]]) -> int:
 
 
 def example_inputs(spec: MethodSpec, sizes: dict[str, int] | None = None) -> tuple[torch.Tensor, ...]:
-    """Valid-shaped inputs for tracing: the method's own, else zeros except offsets that
-    split the rows."""
-    if spec.example is not None and sizes is None:
-        return spec.example()
+    """Valid-shaped inputs for tracing at `sizes` (default _EXAMPLE): zeros, except offsets
+    that split the rows evenly among the owners."""
     sizes = {**_EXAMPLE, **(sizes or {})}
     out = []
     for t in spec.inputs:

@@ -8,7 +8,7 @@ import io
 import pytest
 from conftest import DEVICE
 
-from dflash_et.export import artifact, builder, config, driver, exporter
+from dflash_et.export import artifact, builder, config, driver, exporter, methods
 from dflash_et.lowering.cuda import prepare
 from graph_program import graph_program
 
@@ -37,6 +37,24 @@ def test_every_head_of_every_method_is_fused(fused):
                 and any("export.heads." in str(c) for _, c in (n.meta.get("nn_module_stack") or {}).values())
                 and "dflash" not in str(n.target) and "getitem" not in str(n.target)]
         assert left == [], (name, [n.name for n in left[:5]])
+
+
+def test_cuda_methods_are_traced_at_the_limits_aotinductor_tunes_for(fused):
+    """AOTInductor times its GEMM candidates at the size hints of the traced shapes: a CUDA
+    program's methods are traced at max_rows rows and max_owners owners (a verify step's
+    sizes), not at the few rows a portable program is traced at."""
+    cfg, spec, programs, _ = fused
+    assert cfg.limits.max_rows > 5 and cfg.limits.max_owners > 2  # (other than the portable sizes)
+    hints = {}  # shape entry ("rows", "owners+1", ...) -> the hints its traced sizes carry
+    for m in spec.methods:
+        ep = programs[m.name]
+        placeholders = {n.name: n for n in ep.graph.find_nodes(op="placeholder")}
+        for t, name in zip(m.inputs, ep.graph_signature.user_inputs, strict=True):
+            for entry, size in zip(t.shape, placeholders[name].meta["val"].shape):
+                if isinstance(entry, str):
+                    hints.setdefault(entry, set()).add(size.node.hint)
+    assert {"rows", "owners"} <= set(hints), hints
+    assert hints == {entry: {methods.dim_max(entry, spec.dims)} for entry in hints}, hints
 
 
 def test_fused_graphs_commit_the_eager_programs_tokens(fused):
