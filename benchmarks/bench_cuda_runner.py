@@ -10,6 +10,10 @@ The drafts of the presets' random drafters are never accepted, so the speculativ
 commits one token per verify; a step costs the same whatever is accepted (the verify rows
 are fixed by the block), so with drafts that are always right it would commit block_size
 tokens per step: the table gives that figure as step time / block_size.
+
+A second table puts target_verify and draft_forward against their roofline (`roofline.py`:
+bytes / copy bandwidth or FLOPs / bf16 matmul rate, both measured in this run), at each
+owner's mean context during the run (prompt + half the new tokens).
 """
 
 import argparse
@@ -25,10 +29,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import runner_cli  # noqa: E402
+from roofline import measure_rates, step_terms  # noqa: E402
 
-from dflash_et.export import artifact, builder, config, driver, exporter  # noqa: E402
+from dflash_et.export import artifact, builder, config, driver, exporter, models  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -89,6 +95,7 @@ def main(argv=None) -> int:
              f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
+    timings = {}
     try:
         for mode, flags in (("speculative", []), ("target-only", ["--target-only"])):
             done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
@@ -97,17 +104,44 @@ def main(argv=None) -> int:
                 print(done.stderr[-3000:], file=sys.stderr)
                 return 1
             got = runner_cli.parse(done.stdout)
-            t = {m: v["median_us"] for m, v in got["timing"].items()}
+            t = timings[mode] = {m: v["median_us"] for m, v in got["timing"].items()}
             right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
             lines.append(f"| {mode} | {t.get('draft_forward', 0):.0f} | {t['target_verify']:.0f} | {t['step']:.0f} | "
                          f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
     finally:
         Path(listed.name).unlink()
+    lines += ["", *roofline_lines(cfg, n, [length + args.new / 2 for length in lengths], timings)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def roofline_lines(cfg, owners: int, cells: list[float], timings: dict) -> list[str]:
+    """The roofline table of the runs' `timings` ({mode: {method: median us}})."""
+    target, _ = models.target_config(cfg.model)
+    drafter, _ = models.drafter_config(cfg.model)
+    element = 4 if cfg.model.dtype == "float32" else 2
+    block = drafter.block_size
+    bandwidth, rate = measure_rates(owners * block, target.hidden_size, target.vocab_size)
+    lines = [f"Roofline: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write), bf16 matmul "
+             f"{rate / 1e12:.0f} TFLOP/s at [{owners * block} x {target.hidden_size}] x "
+             f"[{target.hidden_size} x {target.vocab_size}]; mean context {sum(cells) / len(cells):.0f} cells", "",
+             "| call | rows | GFLOP | GB | memory us | compute us | measured us | x roofline |",
+             "|---|---|---|---|---|---|---|---|"]
+    calls = [("target_verify", "speculative", block), ("draft_forward", "speculative", block),
+             ("target_verify", "target-only", 1)]
+    for method, mode, rows_per_owner in calls:
+        measured = timings.get(mode, {}).get(method)
+        if not measured:
+            continue
+        terms = step_terms(target, drafter, owners, rows_per_owner, cells, element)[method]
+        memory, compute = terms.seconds(bandwidth, rate)
+        lines.append(f"| {method} ({mode}) | {owners * (block if method == 'draft_forward' else rows_per_owner)} | "
+                     f"{terms.flops / 1e9:.0f} | {terms.bytes / 1e9:.2f} | {memory * 1e6:.0f} | {compute * 1e6:.0f} | "
+                     f"{measured:.0f} | {measured * 1e-6 / max(memory, compute):.2f} |")
+    return lines
 
 
 if __name__ == "__main__":
