@@ -15,6 +15,7 @@ REQUIREMENTS=(
   "numpy"
   "scipy"
   "safetensors"
+  "transformers==5.18.0"  # tests only: the reference for checkpoints it writes (issue #27)
   "pytest>=8,<9"  # 9.x moved Node.nodeid: pytest-xdist 3.8's loadgroup then ignores xdist_group marks
   "pytest-xdist"
   "cmake>=3.28,<4"
