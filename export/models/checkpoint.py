@@ -31,6 +31,7 @@ from ..config import ConfigError
 from . import layers
 from .dflash import SLIDING, Drafter, DrafterConfig
 from .llama import Target, TargetConfig
+from .qwen3_5 import HybridConfig, HybridTarget
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -45,6 +46,7 @@ ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 TARGET_TYPES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_text")  # the multimodal wrapper (text_config inside) and the text model
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent in HF; old checkpoints carry it
 
@@ -177,11 +179,12 @@ def _load_state(
     rename,  # checkpoint name -> model name
     dtype: torch.dtype,
     what: str,
+    skip: tuple[str, ...] = (),  # prefixes of checkpoint names that are not the model's (not read)
 ) -> dict[str, torch.Tensor]:
     """Check names and shapes against the model's, then read and cast every tensor."""
     found: dict[str, TensorEntry] = {}
     for name, entry in tensor_index(directory).items():
-        if name.endswith(IGNORED_SUFFIXES):
+        if name.endswith(IGNORED_SUFFIXES) or name.startswith(skip):
             continue
         key = rename(name)
         if key not in expected:
@@ -310,6 +313,9 @@ def target_config(directory: Path) -> TargetConfig:
     if model_type not in TARGET_TYPES:
         supported = ", ".join(f"{t} ({a})" for t, a in TARGET_TYPES.items())
         hint = "; this is a DFlash drafter: use it as model.drafter" if DRAFTER_ARCHITECTURE in archs else ""
+        if model_type in HYBRID_TYPES:
+            hint = ("; Qwen3.5 hybrid targets load only as an eager reference so far (checkpoint.load_hybrid_target, "
+                    "issue #27), not into a program")
         raise CheckpointError(
             f"{path}: model_type {model_type!r} (architectures {archs}) is not a supported target; "
             f"supported: {supported}{hint}"
@@ -437,6 +443,74 @@ def drafter_config(directory: Path) -> DrafterConfig:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def hybrid_config(directory: Path) -> tuple[HybridConfig, bool]:
+    """A Qwen3.5 text config (`qwen3_5_text`, or the multimodal `qwen3_5` wrapper's
+    `text_config`) -> (config, whether the weights sit under the wrapper's
+    `model.language_model.` prefix). Keys that transformers' Qwen3_5TextConfig fills with
+    class defaults unrelated to the other keys (head_dim, num_key_value_heads, rope_theta,
+    the linear-attention head counts and dims) must be written out; the ones it derives
+    (layer_types from full_attention_interval, partial_rotary_factor 0.25, the conv kernel 4)
+    are derived the same way here."""
+    path = directory / CONFIG
+    data = _read_config(directory)
+    model_type = data.get("model_type")
+    if model_type not in HYBRID_TYPES:
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Qwen3.5 hybrid target ({', '.join(HYBRID_TYPES)})")
+    wrapped = model_type == "qwen3_5"
+    text = _Keys(data, path).need("text_config", kind=dict) if wrapped else data
+    keys = _Keys(text, path)
+    _check_silu(keys, "target")
+    params = keys.get("rope_parameters", kind=dict) or {}
+    for key, present in (("head_dim", "head_dim" in text), ("num_key_value_heads", "num_key_value_heads" in text),
+                         ("rope_theta", "rope_theta" in params or "rope_theta" in text)):
+        if not present:
+            raise CheckpointError(f"{path} has no {key}{' in text_config' if wrapped else ''}: transformers' "
+                                  f"Qwen3_5TextConfig would take its own class default; write it into the config.json")
+    if params.get("rope_type", "default") != "default":
+        raise CheckpointError(f"{path}: rope type {params['rope_type']!r} is not supported (supported: default)")
+    layers_n = keys.need("num_hidden_layers")
+    interval = keys.get("full_attention_interval", 4, kind=int)
+    types = keys.get("layer_types", None, kind=list) or [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers_n)]
+    tie = keys.get("tie_word_embeddings", data.get("tie_word_embeddings", False), kind=bool)
+    try:
+        cfg = HybridConfig(
+            vocab_size=keys.need("vocab_size"), hidden_size=keys.need("hidden_size"),
+            intermediate_size=keys.need("intermediate_size"), num_layers=layers_n,
+            num_heads=keys.need("num_attention_heads"), num_kv_heads=keys.need("num_key_value_heads"),
+            head_dim=keys.need("head_dim"), layer_types=tuple(types),
+            linear_num_key_heads=keys.need("linear_num_key_heads"),
+            linear_num_value_heads=keys.need("linear_num_value_heads"),
+            linear_key_head_dim=keys.need("linear_key_head_dim"),
+            linear_value_head_dim=keys.need("linear_value_head_dim"),
+            linear_conv_kernel_dim=keys.get("linear_conv_kernel_dim", 4, kind=int),
+            rms_norm_eps=float(keys.get("rms_norm_eps", 1e-6, kind=(int, float))),
+            rope_theta=float(params.get("rope_theta", text.get("rope_theta"))),
+            partial_rotary_factor=float(params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))),
+            tie_embeddings=bool(tie), attention_bias=bool(keys.get("attention_bias", False, kind=bool)),
+        )
+    except ValueError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: {e}") from None
+    return cfg, wrapped
+
+
+def load_hybrid_target(directory: Path, slots: int, max_seq_len: int, dtype: torch.dtype,
+                       pending_rows: int = 16) -> HybridTarget:
+    """A Qwen3.5 text model from a transformers checkpoint (the text model's, or the
+    multimodal model's: its vision tower `model.visual.*` and its multi-token-prediction
+    head `mtp.*` are left out)."""
+    directory = Path(directory)
+    cfg, wrapped = hybrid_config(directory)
+    model = HybridTarget(cfg, slots, max_seq_len, pending_rows, dtype)
+    rename = (lambda n: n.replace("model.language_model.", "model.", 1)) if wrapped else (lambda n: n)
+    state = _load_state(directory, _expected(model), rename, dtype, "Qwen3.5 target",
+                        skip=("model.visual.", "mtp.") if wrapped else ("mtp.",))
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 # ----------------------------------------------------------------------------- models

@@ -117,3 +117,54 @@ def test_bad_calls_name_the_value():
         mine(torch.tensor([1, 2, 3]), [2], [0], [0])
     with pytest.raises(ValueError, match="at most 16 rows can wait"):
         mine(torch.tensor([1] * 17), [17], [0], [0], defer=True)
+
+
+def _save(model, directory, extra: dict | None = None):
+    model.save_pretrained(directory)
+    if extra:
+        import safetensors.torch as st
+        st.save_file({k: v.contiguous() for k, v in extra.items()}, str(directory / "extra.safetensors"))
+    return directory
+
+
+def test_checkpoints_transformers_writes_load_and_decode_alike(tmp_path):
+    """The text model's checkpoint, and the multimodal wrapper's (weights under
+    model.language_model., a vision tower and an mtp head beside them, left out)."""
+    from dflash_et.export.models import checkpoint
+
+    tf = transformers()
+    model, cfg = hf_model(seed=4)
+    text = _save(model, tmp_path / "text", extra={"mtp.fc.weight": torch.zeros(2, 2)})
+    prompt = [3, 14, 15, 92, 65]
+    want = hf_greedy(model, prompt, 8)
+    loaded = checkpoint.load_hybrid_target(text, slots=2, max_seq_len=32, dtype=torch.float32)
+    assert decode(loaded, {1: prompt}, 8)[1] == want
+
+    wrapper = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(
+        text_config=cfg.to_dict(),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=4, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16),
+    )).eval()
+    wrapper.model.language_model.load_state_dict(model.model.state_dict())
+    wrapper.lm_head.load_state_dict(model.lm_head.state_dict())
+    multimodal = _save(wrapper, tmp_path / "multimodal")
+    loaded = checkpoint.load_hybrid_target(multimodal, slots=2, max_seq_len=32, dtype=torch.float32)
+    assert decode(loaded, {0: prompt}, 8)[0] == want
+
+
+def test_configs_name_what_transformers_would_fill_in(tmp_path):
+    import json
+
+    from dflash_et.export.models import checkpoint
+
+    model, _ = hf_model(seed=5)
+    directory = _save(model, tmp_path / "m")
+    data = json.loads((directory / "config.json").read_text())
+    for key in ("head_dim", "num_key_value_heads"):
+        broken = {k: v for k, v in data.items() if k != key}
+        (directory / "config.json").write_text(json.dumps(broken))
+        with pytest.raises(checkpoint.CheckpointError, match=f"has no {key}: transformers' Qwen3_5TextConfig"):
+            checkpoint.hybrid_config(directory)
+    (directory / "config.json").write_text(json.dumps(data))
+    with pytest.raises(checkpoint.CheckpointError, match="Qwen3.5 hybrid targets load only as an eager reference"):
+        checkpoint.target_config(directory)  # a program's target: not yet
