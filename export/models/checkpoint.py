@@ -314,8 +314,8 @@ def target_config(directory: Path) -> TargetConfig:
         supported = ", ".join(f"{t} ({a})" for t, a in TARGET_TYPES.items())
         hint = "; this is a DFlash drafter: use it as model.drafter" if DRAFTER_ARCHITECTURE in archs else ""
         if model_type in HYBRID_TYPES:
-            hint = ("; Qwen3.5 hybrid targets load only as an eager reference so far (checkpoint.load_hybrid_target, "
-                    "issue #27), not into a program")
+            hint = ("; Qwen3.5 hybrid targets load only as a model so far (checkpoint.load_hybrid_target, "
+                    "issue #27), not into a DFlash program")
         raise CheckpointError(
             f"{path}: model_type {model_type!r} (architectures {archs}) is not a supported target; "
             f"supported: {supported}{hint}"
@@ -498,14 +498,14 @@ def hybrid_config(directory: Path) -> tuple[HybridConfig, bool]:
     return cfg, wrapped
 
 
-def load_hybrid_target(directory: Path, slots: int, max_seq_len: int, dtype: torch.dtype,
+def load_hybrid_target(directory: Path, slots: int, max_seq_len: int, max_rows: int, dtype: torch.dtype,
                        pending_rows: int = 16) -> HybridTarget:
     """A Qwen3.5 text model from a transformers checkpoint (the text model's, or the
     multimodal model's: its vision tower `model.visual.*` and its multi-token-prediction
     head `mtp.*` are left out)."""
     directory = Path(directory)
     cfg, wrapped = hybrid_config(directory)
-    model = HybridTarget(cfg, slots, max_seq_len, pending_rows, dtype)
+    model = HybridTarget(cfg, slots, max_seq_len, max_rows, pending_rows, dtype)
     rename = (lambda n: n.replace("model.language_model.", "model.", 1)) if wrapped else (lambda n: n)
     state = _load_state(directory, _expected(model), rename, dtype, "Qwen3.5 target",
                         skip=("model.visual.", "mtp.") if wrapped else ("mtp.",))

@@ -1,5 +1,6 @@
 """Qwen3.5-family hybrid targets (transformers `qwen3_5` text model) over packed owners with
-per-slot state: the eager reference of issue #27 (not yet a program: no method builds it).
+per-slot state (issue #27): the model, checked against transformers itself, and exportable
+(a portable ExecuTorch program of it runs and matches it), but no DFlash program builds it yet.
 
 Architecture (transformers 5.18 `modeling_qwen3_5`, parameter names as there):
 - decoder layers of two kinds, `layer_types`: `linear_attention` (Gated DeltaNet) and
@@ -16,16 +17,21 @@ Architecture (transformers 5.18 `modeling_qwen3_5`, parameter names as there):
 
 State per slot: the full-attention layers' K/V caches (as the Llama target's: a row sees its
 slot's cells up to its position, so cells past the committed prefix are never read); per
-DeltaNet layer the conv state (the last K - 1 inputs of the conv) and the recurrent state.
+DeltaNet layer the conv state (the last K - 1 conv inputs) and the recurrent state.
 Unlike a KV cache, these cannot be cut back: a verify call advances them over every draft
-row, and only the accepted prefix may stay. Here a call that verifies (`defer=True`) reads
-the slot's state but leaves it as it was, and keeps each row's conv input, `a` and `b`
-(`pending_*`); the next call first commits the accepted rows (`commit`: the same conv and
-recurrence over the first `accepted + 1` pending rows, from the saved state). Cost per
-DeltaNet layer and slot: pending rows x (conv_dim + 2 x value heads) values of memory; per
-step, the recurrence of the committed rows once more (dk x dv x value heads x ~6 FLOPs a row,
-small against the projections). Per-row state checkpoints would instead keep rows x value
-heads x dk x dv float32 values per slot and layer (2 MiB a row at Qwen3.5-9B's 32 x 128 x 128).
+row, and only the accepted prefix may stay. So a verify call (`defer=True`) reads each
+slot's state and leaves it as it was, keeping each row's conv input, `a` and `b` (the
+slot's pending rows); the next call, whichever it is, first commits `committed[o]` of
+them (the pending token and the accepted drafts: the same conv and recurrence over those
+rows, from the saved state), then runs its own rows. Costs: docs/CONTRACT.md, "Hybrid
+targets".
+
+The recurrence is one `scan` over rows in packed order, its carry every slot's conv window
+and state: rows padded to `max_rows` and rows of no valid owner sent to the scratch slot,
+so shapes are static and the body is traced once (the ExecuTorch emitter plans carries at
+their upper bound). Its cost per row copies the carry: fine for portable programs of
+small models; a CUDA program would swap in a fused kernel, as `lowering.fused_attention`
+does for the attention.
 """
 
 import math
@@ -34,8 +40,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._higher_order_ops.scan import scan
 
-from . import layers
+from . import layers, packing
 
 
 @dataclass(frozen=True)
@@ -121,9 +128,14 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, cfg: HybridConfig, slots: int, pending_rows: int, dtype: torch.dtype):
+    """The linear-attention layer. Its recurrence runs in one `scan` over rows in packed
+    order whose carry is every slot's conv window and state (static shapes: rows padded to
+    `max_rows`, the scratch slot taking padded and invalid rows), so an exported program
+    traces its body once."""
+
+    def __init__(self, cfg: HybridConfig, slots: int, max_rows: int, pending_rows: int, dtype: torch.dtype):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.max_rows = cfg, max_rows
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim = cfg.linear_num_key_heads * dk
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, bias=False,
@@ -139,65 +151,77 @@ class GatedDeltaNet(nn.Module):
         k = cfg.linear_conv_kernel_dim
         self.register_buffer("conv_state", torch.zeros(slots + 1, k - 1, cfg.conv_dim, dtype=dtype), persistent=False)
         self.register_buffer("recurrent_state", torch.zeros(slots + 1, hv, dk, dv), persistent=False)
-        # a deferred call's rows, per slot: the conv input, a and b of each (`commit` replays them)
+        # a deferred call's rows, per slot: the conv input, a and b of each (the next call replays the committed ones)
         self.register_buffer("pending_qkv", torch.zeros(slots + 1, pending_rows, cfg.conv_dim, dtype=dtype),
                              persistent=False)
         self.register_buffer("pending_ab", torch.zeros(slots + 1, pending_rows, 2, hv, dtype=dtype), persistent=False)
 
-    def _run(self, slot: int, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
-        """The conv and the recurrence over one slot's rows in order, from its saved state:
-        (core output [n, Hv, dv] in the model dtype, conv state after, recurrent state after)."""
+    def _step(self, carry, row):
+        """One row of one slot: (conv windows [S+1, K-1, C], states [S+1, Hv, dk, dv]) and
+        (slot [1], conv input [C], a [Hv], b [Hv]) -> new carry, core output [Hv, dv] float32."""
         cfg = self.cfg
-        n, k = mixed.shape[0], cfg.linear_conv_kernel_dim
-        window = torch.cat([self.conv_state[slot], mixed], dim=0)  # [k - 1 + n, conv_dim]
-        weight = self.conv1d.weight.squeeze(1)  # [conv_dim, k]
-        conv = F.conv1d(window.t().unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=cfg.conv_dim)
-        conv = F.silu(conv[0].t()).to(mixed.dtype)  # [n, conv_dim]
+        windows, states = carry
+        slot, mixed, a, b = row
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        q, key, v = torch.split(conv, [self.key_dim, self.key_dim, cfg.value_dim], dim=-1)
-        q = q.reshape(n, hk, dk).repeat_interleave(hv // hk, dim=1).float()
-        key = key.reshape(n, hk, dk).repeat_interleave(hv // hk, dim=1).float()
-        v = v.reshape(n, hv, dv).float()
+        full = torch.cat([windows.index_select(0, slot)[0], mixed.unsqueeze(0)], dim=0)  # [K, C]
+        weight = self.conv1d.weight.squeeze(1)  # [C, K]
+        conv = F.silu((full.to(weight.dtype) * weight.t()).sum(dim=0)).to(mixed.dtype)  # [C]
+        q, key, v = torch.split(conv, [self.key_dim, self.key_dim, cfg.value_dim])
+        q = q.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
+        key = key.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
+        q, key = _l2norm(q) / math.sqrt(dk), _l2norm(key)
         beta = b.sigmoid().float()  # (in the model dtype first, as transformers does)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        q, key = _l2norm(q) / math.sqrt(dk), _l2norm(key)
-        state = self.recurrent_state[slot].clone()
-        out = torch.empty(n, hv, dv)
-        for t in range(n):
-            state = state * g[t].exp()[:, None, None]
-            delta = (v[t] - (state * key[t].unsqueeze(-1)).sum(dim=-2)) * beta[t].unsqueeze(-1)
-            state = state + key[t].unsqueeze(-1) * delta.unsqueeze(-2)
-            out[t] = (state * q[t].unsqueeze(-1)).sum(dim=-2)
-        return out.to(mixed.dtype), window[-(k - 1):], state
+        state = states.index_select(0, slot)[0] * g.exp()[:, None, None]
+        delta = (v.reshape(hv, dv).float() - (state * key.unsqueeze(-1)).sum(dim=-2)) * beta.unsqueeze(-1)
+        state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
+        out = (state * q.unsqueeze(-1)).sum(dim=-2)
+        return (windows.index_copy(0, slot, full[1:].unsqueeze(0)), states.index_copy(0, slot, state.unsqueeze(0))), out
 
-    def forward(self, x: torch.Tensor, runs: list[tuple[int, int, int]], defer: bool) -> torch.Tensor:
-        """x [R, hidden]; runs: (slot, first row, rows) per owner, in one call's packing."""
+    def _scan(self, slot, mixed, a, b, carry):
+        """`_step` over rows [N] in order -> (carry after them, core outputs [N, Hv, dv])."""
+        return scan(self._step, carry, (slot.unsqueeze(-1), mixed, a, b))
+
+    def commit(self, owner_slot: torch.Tensor, committed: torch.Tensor) -> None:
+        """Each owner's slot advances over the first `committed[o]` rows of its slot's last
+        deferred call (0: none), then those rows are spent."""
+        pending = self.pending_qkv.shape[1]
+        scratch = self.conv_state.shape[0] - 1
+        j = torch.arange(pending, device=owner_slot.device)
+        live = j[None, :] < torch.clamp(committed, 0, pending)[:, None]  # [O, P]
+        slot = torch.where(live, owner_slot[:, None], scratch).reshape(-1)
+        src = owner_slot[:, None].expand(-1, pending).reshape(-1)
+        ab = self.pending_ab[src, j.repeat(owner_slot.shape[0])]
+        carry, _ = self._scan(slot, self.pending_qkv[src, j.repeat(owner_slot.shape[0])], ab[:, 0], ab[:, 1],
+                              (self.conv_state.clone(), self.recurrent_state.clone()))
+        self.conv_state.copy_(carry[0])
+        self.recurrent_state.copy_(carry[1])
+
+    def forward(self, x: torch.Tensor, slot: torch.Tensor, row_in_owner: torch.Tensor, defer: bool) -> torch.Tensor:
+        """x [R, hidden]; slot [R]: each row's slot (the scratch slot for rows of no valid
+        owner); row_in_owner [R]: its index among its owner's rows of this call."""
         cfg = self.cfg
+        rows = x.shape[0]
         mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
         a, b = self.in_proj_a(x), self.in_proj_b(x)
-        core = torch.zeros(x.shape[0], cfg.linear_num_value_heads, cfg.linear_value_head_dim, dtype=x.dtype)
-        for slot, first, n in runs:
-            rows = slice(first, first + n)
-            core[rows], conv_state, state = self._run(slot, mixed[rows], a[rows], b[rows])
-            if defer:
-                if n > self.pending_qkv.shape[1]:
-                    raise ValueError(f"a deferred call of {n} rows for slot {slot}: at most "
-                                     f"{self.pending_qkv.shape[1]} rows can wait for their commit")
-                self.pending_qkv[slot, :n] = mixed[rows]
-                self.pending_ab[slot, :n] = torch.stack([a[rows], b[rows]], dim=1)
-            else:
-                self.conv_state[slot] = conv_state
-                self.recurrent_state[slot] = state
-        z = z.view(-1, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
-        return self.out_proj(self.norm(core, z).reshape(x.shape[0], cfg.value_dim))
-
-    def commit(self, slot: int, rows: int) -> None:
-        """Advance the slot's state over the first `rows` rows its last deferred call kept."""
-        if rows > 0:
-            ab = self.pending_ab[slot, :rows]
-            _, self.conv_state[slot], self.recurrent_state[slot] = self._run(
-                slot, self.pending_qkv[slot, :rows], ab[:, 0], ab[:, 1])
+        scratch = self.conv_state.shape[0] - 1
+        pad = self.max_rows - rows  # (static scan length: the ExecuTorch emitter plans carries and outputs at it)
+        carry, core = self._scan(F.pad(slot, (0, pad), value=scratch), F.pad(mixed, (0, 0, 0, pad)),
+                                 F.pad(a, (0, 0, 0, pad)), F.pad(b, (0, 0, 0, pad)),
+                                 (self.conv_state.clone(), self.recurrent_state.clone()))
+        if defer:
+            pending = self.pending_qkv.shape[1]
+            keep = torch.where(row_in_owner < pending, slot, scratch)
+            at = torch.clamp(row_in_owner, 0, pending - 1)
+            self.pending_qkv.index_put_((keep, at), mixed)
+            self.pending_ab.index_put_((keep, at), torch.stack([a, b], dim=1))
+        else:
+            self.conv_state.copy_(carry[0])
+            self.recurrent_state.copy_(carry[1])
+        core = core[:rows].to(x.dtype)
+        z = z.view(rows, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
+        return self.out_proj(self.norm(core, z).reshape(rows, cfg.value_dim))
 
 
 class GatedAttention(nn.Module):
@@ -220,27 +244,29 @@ class GatedAttention(nn.Module):
         r = self.cfg.rotary_dim
         return torch.cat([layers.apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
-    def forward(self, x: torch.Tensor, cos, sin, slot: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos, sin, place: packing.Placement) -> torch.Tensor:
         cfg = self.cfg
         n, heads, d = x.shape[0], cfg.num_heads, cfg.head_dim
         q, gate = torch.chunk(self.q_proj(x).view(n, heads, 2 * d), 2, dim=-1)
         q = self._rope(self.q_norm(q), cos, sin)
         k = self._rope(self.k_norm(self.k_proj(x).view(n, cfg.num_kv_heads, d)), cos, sin)
-        self.k_cache.index_put_((slot, position), k)
-        self.v_cache.index_put_((slot, position), self.v_proj(x).view(n, cfg.num_kv_heads, d))
-        cells = torch.arange(self.k_cache.shape[1])
-        allowed = (cells[None, :] <= position[:, None]).unsqueeze(1)  # [n, 1, T]: its slot's cells up to it
-        out = layers.attend(q.unsqueeze(1), self.k_cache[slot], self.v_cache[slot], allowed)[:, 0]
+        self.k_cache.index_put_((place.write_slot, place.write_position), k)
+        self.v_cache.index_put_((place.write_slot, place.write_position),
+                                self.v_proj(x).view(n, cfg.num_kv_heads, d))
+        cells = torch.arange(self.k_cache.shape[1], device=x.device)
+        allowed = (cells[None, :] <= place.position[:, None]).unsqueeze(1)  # [n, 1, T]: its slot's cells up to it
+        out = layers.attend(q.unsqueeze(1), self.k_cache[place.read_slot], self.v_cache[place.read_slot],
+                            allowed)[:, 0]
         return self.o_proj(out * torch.sigmoid(gate.reshape(n, heads * d)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: HybridConfig, kind: str, slots: int, max_seq_len: int, pending_rows: int,
-                 dtype: torch.dtype):
+    def __init__(self, cfg: HybridConfig, kind: str, slots: int, max_seq_len: int, max_rows: int,
+                 pending_rows: int, dtype: torch.dtype):
         super().__init__()
         self.kind = kind
         if kind == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg, slots, pending_rows, dtype)
+            self.linear_attn = GatedDeltaNet(cfg, slots, max_rows, pending_rows, dtype)
         else:
             self.self_attn = GatedAttention(cfg, slots, max_seq_len, dtype)
         self.mlp = layers.MLP(cfg.hidden_size, cfg.intermediate_size)
@@ -251,23 +277,25 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """transformers' `model.` prefix: embed_tokens, layers, norm."""
 
-    def __init__(self, cfg: HybridConfig, slots: int, max_seq_len: int, pending_rows: int, dtype: torch.dtype):
+    def __init__(self, cfg: HybridConfig, slots: int, max_seq_len: int, max_rows: int, pending_rows: int,
+                 dtype: torch.dtype):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, slots, max_seq_len, pending_rows, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kind, slots, max_seq_len, max_rows, pending_rows, dtype)
                                     for kind in cfg.layer_types)
         self.norm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class HybridTarget(nn.Module):
-    """The hybrid target with `slots` slots of `max_seq_len` positions (+ one scratch slot);
-    a deferred call may keep up to `pending_rows` rows per owner for its commit."""
+    """The hybrid target with `slots` slots of `max_seq_len` positions (+ the scratch slot),
+    calls of at most `max_rows` rows, and deferred calls of at most `pending_rows` rows per
+    owner (a verify call's block)."""
 
-    def __init__(self, cfg: HybridConfig, slots: int, max_seq_len: int, pending_rows: int = 16,
+    def __init__(self, cfg: HybridConfig, slots: int, max_seq_len: int, max_rows: int, pending_rows: int = 16,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg, self.slots, self.max_seq_len = cfg, slots, max_seq_len
-        self.model = Backbone(cfg, slots, max_seq_len, pending_rows, dtype)
+        self.model = Backbone(cfg, slots, max_seq_len, max_rows, pending_rows, dtype)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         rope = layers.Rope(theta=cfg.rope_theta)
         cos, sin = rope.table(cfg.rotary_dim, max_seq_len)
@@ -275,39 +303,34 @@ class HybridTarget(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         layers.cast_parameters(self, dtype)
 
-    def commit(self, slots: list[int], rows: list[int]) -> None:
-        """Each slot's state advances over the first `rows` rows of its last deferred call."""
-        for layer in self.model.layers:
-            if layer.kind == "linear_attention":
-                for slot, n in zip(slots, rows):
-                    layer.linear_attn.commit(slot, n)
-
-    def forward(self, tokens: torch.Tensor, counts: list[int], start_position: list[int], slots: list[int],
-                defer: bool = False) -> torch.Tensor:  # logits [R, V]
-        """Owner o's `counts[o]` rows follow each other in `tokens`, the first at
-        `start_position[o]`, in slot `slots[o]`. `defer`: the DeltaNet states stay as they
-        were and the rows wait for `commit` (a verify call); else they advance (prefill, decode)."""
-        runs, first = [], 0
-        for slot, n in zip(slots, counts):
-            if not 0 <= slot < self.slots:
-                raise ValueError(f"slot {slot} is not in [0, {self.slots})")
-            runs.append((slot, first, n))
-            first += n
-        if first != tokens.shape[0]:
-            raise ValueError(f"counts add up to {first} rows, tokens has {tokens.shape[0]}")
-        slot = torch.tensor([s for s, _, n in runs for _ in range(n)], dtype=torch.int64)
-        position = torch.tensor([p + j for p, (_, _, n) in zip(start_position, runs) for j in range(n)],
-                                dtype=torch.int64)
-        if tokens.shape[0] and int(position.max()) >= self.max_seq_len:
-            raise ValueError(f"position {int(position.max())} is past max_seq_len {self.max_seq_len}")
-        x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope_cos[position], self.rope_sin[position]
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [R] int64
+        offsets: torch.Tensor,  # [O+1] int64
+        start_position: torch.Tensor,  # [O] int64
+        slots: torch.Tensor,  # [O] int64
+        committed: torch.Tensor,  # [O] int64: rows of the slot's last deferred call to commit first (0: none)
+        defer: bool = False,
+    ) -> torch.Tensor:  # logits [R, V]
+        """Owner o's rows `[offsets[o], offsets[o+1])`, the first at `start_position[o]`, in
+        slot `slots[o]`. First each owner's slot commits `committed[o]` rows of its last
+        deferred call (the accepted drafts and the token before them); then the rows run.
+        `defer`: the linear layers' states stay as they are and this call's rows wait for
+        the next call's commit (a verify call); else they advance (prefill, decode)."""
+        start, count = packing.offsets_to_ranges(offsets)
+        place = packing.place_rows(tokens.shape[0], start, count, start_position, slots, self.slots,
+                                   self.max_seq_len)
+        owner_slot = packing.slot_or_scratch(slots, self.slots)
+        row_in_owner = torch.arange(tokens.shape[0], device=tokens.device) - start[place.owner]
+        x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
+        cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
         for layer in self.model.layers:
             h = layer.input_layernorm(x)
             if layer.kind == "linear_attention":
-                x = x + layer.linear_attn(h, runs, defer)
+                layer.linear_attn.commit(owner_slot, committed)
+                x = x + layer.linear_attn(h, place.write_slot, row_in_owner, defer)
             else:
-                x = x + layer.self_attn(h, cos, sin, slot, position)
+                x = x + layer.self_attn(h, cos, sin, place)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(self.model.norm(x), weight)

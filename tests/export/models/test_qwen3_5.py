@@ -8,18 +8,17 @@ from hf_reference import transformers
 
 from dflash_et.export.models import qwen3_5
 
-pytestmark = pytest.mark.quick  # scripts/test.sh --quick
-
 VOCAB = 101
 
 
-def hf_model(seed: int, tie: bool = False):
+def hf_model(seed: int, tie: bool = False, layers: int = 4):
     tf = transformers()
     cfg = tf.Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=tie,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        **({} if layers == 4 else {"layer_types": ["linear_attention", "full_attention"] * (layers // 2)}),
     )
     torch.manual_seed(seed)
     model = tf.Qwen3_5ForCausalLM(cfg).eval()
@@ -29,7 +28,7 @@ def hf_model(seed: int, tie: bool = False):
     return model, cfg
 
 
-def ours(model, cfg, slots: int = 3, max_seq_len: int = 64) -> qwen3_5.HybridTarget:
+def ours(model, cfg, slots: int = 3, max_seq_len: int = 64, max_rows: int = 16) -> qwen3_5.HybridTarget:
     mine = qwen3_5.HybridTarget(qwen3_5.HybridConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
@@ -38,7 +37,7 @@ def ours(model, cfg, slots: int = 3, max_seq_len: int = 64) -> qwen3_5.HybridTar
         linear_value_head_dim=cfg.linear_value_head_dim, linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
         rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_parameters["rope_theta"],
         partial_rotary_factor=cfg.rope_parameters["partial_rotary_factor"], tie_embeddings=cfg.tie_word_embeddings,
-    ), slots, max_seq_len)
+    ), slots, max_seq_len, max_rows, pending_rows=4)
     state = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     mine.load_state_dict(state, strict=True)
     return mine
@@ -50,22 +49,30 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def call(mine, rows: dict[int, list[int]], start: dict[int, int], committed: dict[int, int] | None = None,
+         defer: bool = False) -> torch.Tensor:
+    """One packed call: each slot's rows, from its start position -> logits [R, V]."""
+    slots = list(rows)
+    offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
+    return mine(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
+                torch.tensor(slots), torch.tensor([(committed or {}).get(s, 0) for s in slots]), defer=defer)
+
+
 @torch.no_grad()
 def decode(mine, prompts: dict[int, list[int]], new: int) -> dict[int, list[int]]:
     """Target-only greedy decoding of every slot's prompt, all slots packed in each call."""
-    slots = list(prompts)
-    logits = mine(torch.tensor([t for s in slots for t in prompts[s]]), [len(prompts[s]) for s in slots],
-                  [0] * len(slots), slots)
-    ends = torch.tensor([len(prompts[s]) for s in slots]).cumsum(0) - 1
-    tokens = {s: [int(logits[e].argmax())] for s, e in zip(slots, ends)}
+    logits = call(mine, prompts, {s: 0 for s in prompts})
+    ends = torch.tensor([len(p) for p in prompts.values()]).cumsum(0) - 1
+    tokens = {s: [int(logits[e].argmax())] for s, e in zip(prompts, ends)}
     for _ in range(new - 1):
-        logits = mine(torch.tensor([tokens[s][-1] for s in slots]), [1] * len(slots),
-                      [len(prompts[s]) + len(tokens[s]) - 1 for s in slots], slots)
-        for i, s in enumerate(slots):
+        logits = call(mine, {s: [tokens[s][-1]] for s in prompts},
+                      {s: len(prompts[s]) + len(tokens[s]) - 1 for s in prompts})
+        for i, s in enumerate(prompts):
             tokens[s].append(int(logits[i].argmax()))
     return tokens
 
 
+@pytest.mark.quick  # scripts/test.sh --quick
 @pytest.mark.parametrize("tie", [False, True])
 def test_greedy_tokens_equal_transformers_generate(tie):
     model, cfg = hf_model(seed=1, tie=tie)
@@ -76,6 +83,7 @@ def test_greedy_tokens_equal_transformers_generate(tie):
         assert got[slot] == hf_greedy(model, prompt, 12), slot
 
 
+@pytest.mark.quick
 @torch.no_grad()
 def test_verify_calls_commit_only_the_accepted_rows():
     """Speculative greedy decoding with drafts that are right up to a wrong one: each verify
@@ -85,20 +93,20 @@ def test_verify_calls_commit_only_the_accepted_rows():
     prompt, new, block = [11, 4, 90, 23, 5], 14, 4
     want = decode(ours(model, cfg), {0: prompt}, new)[0]
     mine = ours(model, cfg)
-    logits = mine(torch.tensor(prompt), [len(prompt)], [0], [0])
+    logits = call(mine, {0: prompt}, {0: 0})
     committed = [int(logits[-1].argmax())]
-    accepted_total = 0
-    step = 0
+    accepted_total, step, keep = 0, 0, 0
     while len(committed) < new:
         right = want[len(committed):len(committed) + block - 1]
         drafts = [(t + 1) % VOCAB if i == step % 3 else t for i, t in enumerate(right)]  # wrong at i = step % 3
         rows = [committed[-1], *drafts]
-        logits = mine(torch.tensor(rows), [len(rows)], [len(prompt) + len(committed) - 1], [0], defer=True)
+        # this call first commits the last one's accepted rows (keep), then defers its own
+        logits = call(mine, {0: rows}, {0: len(prompt) + len(committed) - 1}, {0: keep}, defer=True)
         y = logits.argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == y[accepted]:
             accepted += 1
-        mine.commit([0], [accepted + 1])  # the pending token and the accepted drafts
+        keep = accepted + 1  # the pending token and the accepted drafts
         committed += drafts[:accepted] + [y[accepted]]
         accepted_total += accepted
         step += 1
@@ -106,17 +114,22 @@ def test_verify_calls_commit_only_the_accepted_rows():
     assert accepted_total > 0 and step < new  # some steps committed several rows
 
 
-def test_bad_calls_name_the_value():
+@pytest.mark.quick
+@torch.no_grad()
+def test_an_owner_with_a_bad_slot_leaves_the_others_alone():
+    """Rows of an owner whose slot is out of range go to the scratch slot: the valid owner
+    packed beside it decodes as it does alone."""
     model, cfg = hf_model(seed=3)
-    mine = ours(model, cfg, slots=2, max_seq_len=32)
-    with pytest.raises(ValueError, match="slot 2 is not in"):
-        mine(torch.tensor([1]), [1], [0], [2])
-    with pytest.raises(ValueError, match="position 32 is past max_seq_len 32"):
-        mine(torch.tensor([1, 2]), [2], [31], [0])
-    with pytest.raises(ValueError, match="counts add up to 2 rows, tokens has 3"):
-        mine(torch.tensor([1, 2, 3]), [2], [0], [0])
-    with pytest.raises(ValueError, match="at most 16 rows can wait"):
-        mine(torch.tensor([1] * 17), [17], [0], [0], defer=True)
+    alone = decode(ours(model, cfg), {1: [4, 8, 15]}, 6)[1]
+    mine = ours(model, cfg)
+    logits = call(mine, {9: [16, 23, 42, 7], 1: [4, 8, 15]}, {9: 0, 1: 0})  # slot 9 of 3: scratch
+    token = int(logits[-1].argmax())
+    got = [token]
+    for i in range(5):
+        logits = call(mine, {9: [1, 2], 1: [token]}, {9: 4 + 2 * i, 1: 3 + i}, {9: 2})
+        token = int(logits[-1].argmax())
+        got.append(token)
+    assert got == alone
 
 
 def _save(model, directory, extra: dict | None = None):
@@ -127,6 +140,7 @@ def _save(model, directory, extra: dict | None = None):
     return directory
 
 
+@pytest.mark.quick
 def test_checkpoints_transformers_writes_load_and_decode_alike(tmp_path):
     """The text model's checkpoint, and the multimodal wrapper's (weights under
     model.language_model., a vision tower and an mtp head beside them, left out)."""
@@ -137,7 +151,7 @@ def test_checkpoints_transformers_writes_load_and_decode_alike(tmp_path):
     text = _save(model, tmp_path / "text", extra={"mtp.fc.weight": torch.zeros(2, 2)})
     prompt = [3, 14, 15, 92, 65]
     want = hf_greedy(model, prompt, 8)
-    loaded = checkpoint.load_hybrid_target(text, slots=2, max_seq_len=32, dtype=torch.float32)
+    loaded = checkpoint.load_hybrid_target(text, slots=2, max_seq_len=32, max_rows=16, dtype=torch.float32)
     assert decode(loaded, {1: prompt}, 8)[1] == want
 
     wrapper = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(
@@ -148,10 +162,11 @@ def test_checkpoints_transformers_writes_load_and_decode_alike(tmp_path):
     wrapper.model.language_model.load_state_dict(model.model.state_dict())
     wrapper.lm_head.load_state_dict(model.lm_head.state_dict())
     multimodal = _save(wrapper, tmp_path / "multimodal")
-    loaded = checkpoint.load_hybrid_target(multimodal, slots=2, max_seq_len=32, dtype=torch.float32)
+    loaded = checkpoint.load_hybrid_target(multimodal, slots=2, max_seq_len=32, max_rows=16, dtype=torch.float32)
     assert decode(loaded, {0: prompt}, 8)[0] == want
 
 
+@pytest.mark.quick
 def test_configs_name_what_transformers_would_fill_in(tmp_path):
     import json
 
@@ -166,5 +181,53 @@ def test_configs_name_what_transformers_would_fill_in(tmp_path):
         with pytest.raises(checkpoint.CheckpointError, match=f"has no {key}: transformers' Qwen3_5TextConfig"):
             checkpoint.hybrid_config(directory)
     (directory / "config.json").write_text(json.dumps(data))
-    with pytest.raises(checkpoint.CheckpointError, match="Qwen3.5 hybrid targets load only as an eager reference"):
+    with pytest.raises(checkpoint.CheckpointError, match="Qwen3.5 hybrid targets load only as a model so far"):
         checkpoint.target_config(directory)  # a program's target: not yet
+
+
+class _Method(torch.nn.Module):
+    """One program method over the shared target: prefill (rows advance the state) or verify (deferred)."""
+
+    def __init__(self, target, defer: bool):
+        super().__init__()
+        self.target, self.defer = target, defer
+
+    def forward(self, tokens, offsets, start_position, slots, committed):
+        return self.target(tokens, offsets, start_position, slots, committed, defer=self.defer)
+
+
+@torch.no_grad()
+def test_an_executorch_program_shares_the_state_and_matches_eager():
+    """The recurrence exports (one scan per layer and pass, traced once): a portable program
+    with a prefill and a verify method over one target, its state shared between them,
+    gives eager's logits through prefill, deferred verify, and calls that commit first."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.runtime import Runtime
+    from torch.export import Dim, export
+
+    model, cfg = hf_model(seed=6, layers=2)
+    exported, eager = ours(model, cfg), ours(model, cfg)
+    rows, owners = Dim("rows", min=1, max=16), Dim("owners", min=1, max=3)
+    dynamic = ({0: rows}, {0: owners + 1}, {0: owners}, {0: owners}, {0: owners})
+    example = (torch.zeros(5, dtype=torch.int64), torch.tensor([0, 2, 5]), torch.zeros(2, dtype=torch.int64),
+               torch.tensor([0, 1]), torch.zeros(2, dtype=torch.int64))
+    programs = {name: export(_Method(exported, defer), example, dynamic_shapes=dynamic, strict=False)
+                for name, defer in (("prefill", False), ("verify", True))}
+    program = to_edge_transform_and_lower(programs).to_executorch(ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True), emit_mutable_buffer_names=True))
+    loaded = Runtime.get().load_program(program.buffer)
+    methods = {name: loaded.load_method(name) for name in programs}
+    calls = [  # (method, tokens, offsets, start_position, slots, committed)
+        ("prefill", [5, 17, 3, 99, 42, 8, 8], [0, 5, 7], [0, 0], [0, 2], [0, 0]),
+        ("verify", [8, 1, 2, 3, 4, 4], [0, 4, 6], [5, 2], [0, 2], [0, 0]),
+        ("verify", [2, 7, 7, 7], [0, 4], [7], [0], [2]),  # commits 2 of slot 0's 4 pending rows first
+        ("prefill", [9, 4], [0, 1, 2], [8, 4], [0, 2], [1, 2]),
+    ]
+    for name, *args in calls:
+        args = [torch.tensor(a) for a in args]
+        want = eager(*args, defer=name == "verify")
+        got = methods[name].execute(args)[0]
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (name, (got - want).abs().max())
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), name
+
