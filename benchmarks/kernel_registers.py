@@ -186,7 +186,8 @@ def main(argv=None) -> int:
                                                        heads, 8, 128)
             ok &= compile_one(
                 f"cached_attention {logits} G={meta['GROUPS']}", cached_attention.cached_attention_kernel, logits,
-                meta, warps, types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, "scale": "fp64",  # as AOTInductor passes it
+                meta, warps, types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
+                                    "scale": "fp64",  # as AOTInductor passes a Python float
                                     **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
     print("all kernels compile" if ok else "some kernels failed to compile")
     return 0 if ok else 1

@@ -167,7 +167,8 @@ def main(argv=None) -> int:
             for kind in cases.ROW_KINDS:
                 x_all = cases.kind_logits(g, kind, args.rows, args.vocab, dtype).float()
                 # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
-                x_all = torch.where(torch.isnan(x_all), float("-inf"), x_all).clamp(max=torch.finfo(torch.float32).max) + 0.0
+                x_all = torch.where(torch.isnan(x_all), float("-inf"), x_all)
+                x_all = x_all.clamp(max=torch.finfo(torch.float32).max) + 0.0
                 for mode, (temperature, top_k, top_p) in modes.items():
                     cells = []
                     for strategy in args.strategies:
@@ -188,7 +189,8 @@ def main(argv=None) -> int:
                         p = [s["passes"] for s in got]
                         c = [s["compacted"] for s in got]
                         a = [s["alu"] for s in got]
-                        cells.append(f"{sum(p) / len(p):.1f} / {max(p)} ({max(c)}); {sum(a) / len(a):.0f} / {max(a):.0f}")
+                        cells.append(f"{sum(p) / len(p):.1f} / {max(p)} ({max(c)}); "
+                                     f"{sum(a) / len(a):.0f} / {max(a):.0f}")
                         for what, values in (("passes", p), ("with compaction", c), ("ALU ops per logit", a)):
                             key = (str(dtype), probes, strategy, what)
                             worst[key] = max(worst.get(key, (0, "")), (max(values), f"{kind}, {mode}"))

@@ -12,13 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def transformers():
-    if "transformers" not in sys.modules or "kernels" in sys.modules:
+    if "transformers.activations" not in sys.modules:  # (the module whose import probes for `kernels`)
         saved = sys.path[:]
         sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
         try:
-            import transformers as module
-            import transformers.activations  # noqa: F401 (the import that probes for `kernels`)
+            import transformers.activations  # noqa: F401
         finally:
             sys.path[:] = saved
-        return module
     return sys.modules["transformers"]

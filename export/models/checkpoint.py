@@ -457,7 +457,8 @@ def hybrid_config(directory: Path) -> tuple[HybridConfig, bool]:
     data = _read_config(directory)
     model_type = data.get("model_type")
     if model_type not in HYBRID_TYPES:
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Qwen3.5 hybrid target ({', '.join(HYBRID_TYPES)})")
+        raise CheckpointError(
+            f"{path}: model_type {model_type!r} is not a Qwen3.5 hybrid target ({', '.join(HYBRID_TYPES)})")
     wrapped = model_type == "qwen3_5"
     text = _Keys(data, path).need("text_config", kind=dict) if wrapped else data
     keys = _Keys(text, path)
