@@ -37,3 +37,25 @@ def test_one_owner_counted_by_hand():
 def test_cells_must_name_every_owner():
     with pytest.raises(ValueError, match="cells has 1 entries for 2 owners"):
         roofline.step_terms(TARGET, DRAFTER, owners=2, rows_per_owner=2, cells=[3])
+
+
+def test_the_runner_benchmark_prints_each_call_against_its_roofline(monkeypatch):
+    """bench_cuda_runner's table from given timings (the rates stubbed: they are measured on a GPU)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    import bench_cuda_runner
+
+    from dflash_et.export import config
+
+    monkeypatch.setattr(bench_cuda_runner, "measure_rates", lambda rows, hidden, vocab: (4.0e12, 600.0e12))
+    cfg = config.load("qwen3-smoke-sampling-cuda")
+    timings = {"speculative": {"target_verify": 9000.0, "draft_forward": 4500.0, "step": 14000.0},
+               "target-only": {"target_verify": 1000.0, "step": 1050.0}}
+    lines = bench_cuda_runner.roofline_lines(cfg, 64, [40.0] * 64, timings)
+    rows = {line.split("|")[1].strip(): line.split("|") for line in lines if line.startswith("| target") or
+            line.startswith("| draft")}
+    assert set(rows) == {"target_verify (speculative)", "draft_forward (speculative)", "target_verify (target-only)"}
+    verify = rows["target_verify (speculative)"]
+    assert verify[2].strip() == "1024"
+    # ~1.05 TFLOP at 600 TFLOP/s is the larger term: 1752 us, so 9000 us is ~5.1x
+    assert 1700 < float(verify[6]) < 1800 and 5.0 < float(verify[8]) < 5.3, verify
+    assert rows["target_verify (target-only)"][2].strip() == "64"
