@@ -13,6 +13,8 @@
 #                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py)
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
+#   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
+#                                   Compute (64 greedy owners, 4 new tokens), grouped by kind ($OUT/PROFILE.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
@@ -105,11 +107,27 @@ runner-bench)
   timeout "${RUNTIME_TIMEOUT:-560}" python3 benchmarks/bench_cuda_runner.py --runner "$runner" \
     --output-dir /tmp/runner-bench --out "$OUT/RUNNER.md" "${@:2}" 2>&1 | tail -30
   ;;
+profile)
+  build_runner
+  dir="${PROFILE_DIR:-/tmp/runner-bench}"
+  [[ -f "$dir/model.pte" ]] || { echo "profile: no export in $dir: run runner-bench first, in the same call"; exit 1; }
+  python3 -c "
+import random
+r = random.Random(0)
+for i in range(64):
+    print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(16)) + f':max_new=4:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
+" >/tmp/profile.owners
+  timeout "${PROFILE_TIMEOUT:-480}" ncu --clock-control none --metrics gpu__time_duration.sum --print-units base --csv \
+    --log-file "$OUT/ncu.csv" "$runner" --program "$dir/model.pte" --data "$dir/aoti_cuda_blob.ptd" \
+    --owners /tmp/profile.owners >/dev/null 2>"$OUT/ncu.err"
+  echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu.csv" --out "$OUT/PROFILE.md" | head -40
+  ;;
 bench)
   timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
   ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|bench|attention [options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|attention [options]" >&2; exit 2 ;;
 esac
