@@ -303,6 +303,13 @@ class HybridTarget(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         layers.cast_parameters(self, dtype)
 
+    @property
+    def output_weight(self) -> torch.Tensor:  # [V, hidden]
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
+        return F.linear(self.model.norm(h), self.output_weight)
+
     def forward(
         self,
         tokens: torch.Tensor,  # [R] int64
@@ -310,13 +317,16 @@ class HybridTarget(nn.Module):
         start_position: torch.Tensor,  # [O] int64
         slots: torch.Tensor,  # [O] int64
         committed: torch.Tensor,  # [O] int64: rows of the slot's last deferred call to commit first (0: none)
+        taps: tuple[int, ...] = (),
         defer: bool = False,
-    ) -> torch.Tensor:  # logits [R, V]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # last hidden [R, hidden] (pre-norm), taps [R, len(taps) * hidden]
         """Owner o's rows `[offsets[o], offsets[o+1])`, the first at `start_position[o]`, in
         slot `slots[o]`. First each owner's slot commits `committed[o]` rows of its last
         deferred call (the accepted drafts and the token before them); then the rows run.
         `defer`: the linear layers' states stay as they are and this call's rows wait for
-        the next call's commit (a verify call); else they advance (prefill, decode)."""
+        the next call's commit (a verify call); else they advance (prefill, decode).
+        Taps as `llama.Target`'s: the raw output of each layer in `taps`, final-normed for
+        the last layer (the drafter's context, z-lab's convention)."""
         start, count = packing.offsets_to_ranges(offsets)
         place = packing.place_rows(tokens.shape[0], start, count, start_position, slots, self.slots,
                                    self.max_seq_len)
@@ -324,7 +334,9 @@ class HybridTarget(nn.Module):
         row_in_owner = torch.arange(tokens.shape[0], device=tokens.device) - start[place.owner]
         x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
         cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
-        for layer in self.model.layers:
+        tapped = {}
+        last = self.cfg.num_layers - 1
+        for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             if layer.kind == "linear_attention":
                 layer.linear_attn.commit(owner_slot, committed)
@@ -332,5 +344,6 @@ class HybridTarget(nn.Module):
             else:
                 x = x + layer.self_attn(h, cos, sin, place)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.model.norm(x), weight)
+            if i in taps:
+                tapped[i] = self.model.norm(x) if i == last else x
+        return x, torch.cat([tapped[i] for i in taps], dim=-1) if taps else x[:, :0]

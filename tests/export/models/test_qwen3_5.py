@@ -54,8 +54,9 @@ def call(mine, rows: dict[int, list[int]], start: dict[int, int], committed: dic
     """One packed call: each slot's rows, from its start position -> logits [R, V]."""
     slots = list(rows)
     offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
-    return mine(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
+    h, _ = mine(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
                 torch.tensor(slots), torch.tensor([(committed or {}).get(s, 0) for s in slots]), defer=defer)
+    return mine.logits(h)
 
 
 @torch.no_grad()
@@ -193,7 +194,8 @@ class _Method(torch.nn.Module):
         self.target, self.defer = target, defer
 
     def forward(self, tokens, offsets, start_position, slots, committed):
-        return self.target(tokens, offsets, start_position, slots, committed, defer=self.defer)
+        h, _ = self.target(tokens, offsets, start_position, slots, committed, defer=self.defer)
+        return self.target.logits(h)
 
 
 @torch.no_grad()
@@ -226,8 +228,25 @@ def test_an_executorch_program_shares_the_state_and_matches_eager():
     ]
     for name, *args in calls:
         args = [torch.tensor(a) for a in args]
-        want = eager(*args, defer=name == "verify")
+        want = eager.logits(eager(*args, defer=name == "verify")[0])
         got = methods[name].execute(args)[0]
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (name, (got - want).abs().max())
         assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), name
+
+
+@pytest.mark.quick
+@torch.no_grad()
+def test_taps_are_transformers_hidden_states():
+    """The drafter's context taps: layer i's raw output (transformers' hidden_states[i + 1]),
+    the last layer's after the final norm (as transformers replaces it)."""
+    model, cfg = hf_model(seed=7)
+    mine = ours(model, cfg)
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    want = model(prompt, output_hidden_states=True).hidden_states
+    n = prompt.shape[1]
+    _, taps = mine(prompt[0], torch.tensor([0, n]), torch.tensor([0]), torch.tensor([0]), torch.tensor([0]),
+                   taps=(0, 2, 3))
+    for k, layer in enumerate((0, 2, 3)):
+        got = taps[:, k * cfg.hidden_size:(k + 1) * cfg.hidden_size]
+        assert torch.allclose(got, want[layer + 1][0], rtol=1e-4, atol=1e-5), layer
 
