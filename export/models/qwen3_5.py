@@ -155,6 +155,8 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("pending_qkv", torch.zeros(slots + 1, pending_rows, cfg.conv_dim, dtype=dtype),
                              persistent=False)
         self.register_buffer("pending_ab", torch.zeros(slots + 1, pending_rows, 2, hv, dtype=dtype), persistent=False)
+        # how many of them are still to commit: set by a deferred call, spent by the commit, 0 after any other call
+        self.register_buffer("pending_count", torch.zeros(slots + 1, dtype=torch.int64), persistent=False)
 
     def _step(self, carry, row):
         """One row of one slot: (conv windows [S+1, K-1, C], states [S+1, Hv, dk, dv]) and
@@ -185,11 +187,13 @@ class GatedDeltaNet(nn.Module):
 
     def commit(self, owner_slot: torch.Tensor, committed: torch.Tensor) -> None:
         """Each owner's slot advances over the first `committed[o]` rows of its slot's last
-        deferred call (0: none), then those rows are spent."""
+        deferred call (0: none), at most the rows that call kept; then they are spent (a
+        second commit, or one after a prefill, changes nothing)."""
         pending = self.pending_qkv.shape[1]
         scratch = self.conv_state.shape[0] - 1
         j = torch.arange(pending, device=owner_slot.device)
-        live = j[None, :] < torch.clamp(committed, 0, pending)[:, None]  # [O, P]
+        count = torch.minimum(torch.clamp(committed, 0, pending), self.pending_count[owner_slot])
+        live = j[None, :] < count[:, None]  # [O, P]
         slot = torch.where(live, owner_slot[:, None], scratch).reshape(-1)
         src = owner_slot[:, None].expand(-1, pending).reshape(-1)
         ab = self.pending_ab[src, j.repeat(owner_slot.shape[0])]
@@ -197,12 +201,17 @@ class GatedDeltaNet(nn.Module):
                               (self.conv_state.clone(), self.recurrent_state.clone()))
         self.conv_state.copy_(carry[0])
         self.recurrent_state.copy_(carry[1])
+        self.pending_count.index_put_((owner_slot,), torch.zeros_like(owner_slot))
 
-    def forward(self, x: torch.Tensor, slot: torch.Tensor, row_in_owner: torch.Tensor, defer: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, slot: torch.Tensor, row_in_owner: torch.Tensor, owner_slot: torch.Tensor,
+                owner_rows: torch.Tensor, defer: bool) -> torch.Tensor:
         """x [R, hidden]; slot [R]: each row's slot (the scratch slot for rows of no valid
-        owner); row_in_owner [R]: its index among its owner's rows of this call."""
+        owner); row_in_owner [R]: its index among its owner's rows of this call; owner_slot,
+        owner_rows [O]: each owner's slot (or the scratch slot) and rows in this call."""
         cfg = self.cfg
         rows = x.shape[0]
+        if rows > self.max_rows:
+            raise ValueError(f"{rows} rows in one call: this target takes at most max_rows = {self.max_rows}")
         mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
         a, b = self.in_proj_a(x), self.in_proj_b(x)
         scratch = self.conv_state.shape[0] - 1
@@ -216,9 +225,11 @@ class GatedDeltaNet(nn.Module):
             at = torch.clamp(row_in_owner, 0, pending - 1)
             self.pending_qkv.index_put_((keep, at), mixed)
             self.pending_ab.index_put_((keep, at), torch.stack([a, b], dim=1))
+            self.pending_count.index_put_((owner_slot,), torch.clamp(owner_rows, 0, pending))
         else:
             self.conv_state.copy_(carry[0])
             self.recurrent_state.copy_(carry[1])
+            self.pending_count.index_put_((owner_slot,), torch.zeros_like(owner_slot))
         core = core[:rows].to(x.dtype)
         z = z.view(rows, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
         return self.out_proj(self.norm(core, z).reshape(rows, cfg.value_dim))
@@ -340,7 +351,7 @@ class HybridTarget(nn.Module):
             h = layer.input_layernorm(x)
             if layer.kind == "linear_attention":
                 layer.linear_attn.commit(owner_slot, committed)
-                x = x + layer.linear_attn(h, place.write_slot, row_in_owner, defer)
+                x = x + layer.linear_attn(h, place.write_slot, row_in_owner, owner_slot, count, defer)
             else:
                 x = x + layer.self_attn(h, cos, sin, place)
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -117,6 +117,34 @@ def test_verify_calls_commit_only_the_accepted_rows():
 
 @pytest.mark.quick
 @torch.no_grad()
+def test_a_commit_takes_only_the_kept_rows_and_only_once():
+    """`committed` counts the rows the slot's last deferred call kept: more is clamped to
+    them, a commit after a prefill finds none, and a second commit of the same rows
+    finds none either."""
+    model, cfg = hf_model(seed=8)
+
+    def run(steps):  # (rows, start, committed, defer) per call -> the last call's logits
+        mine = ours(model, cfg)
+        for rows, start, committed, defer in steps:
+            logits = call(mine, {0: rows}, {0: start}, {0: committed}, defer)
+        return logits
+
+    prefill, verify = ([5, 6, 7], 0, 0, False), ([8, 9, 10], 3, 0, True)
+    after = [11, 12]
+    # clamped: 7 of 3 kept rows commits the 3
+    assert torch.equal(run([prefill, verify, (after, 6, 7, False)]), run([prefill, verify, (after, 6, 3, False)]))
+    # nothing pending after a prefill
+    assert torch.equal(run([prefill, ([8], 3, 4, False)]), run([prefill, ([8], 3, 0, False)]))
+    # spent once: the second call's commit finds nothing
+    twice = [prefill, verify, ([11], 5, 2, False), ([12], 6, 2, False)]
+    once = [prefill, verify, ([11], 5, 2, False), ([12], 6, 0, False)]
+    assert torch.equal(run(twice), run(once))
+    # (a commit with rows pending does change the state: the equalities above are not vacuous)
+    assert not torch.equal(run([prefill, verify, (after, 5, 2, False)]), run([prefill, verify, (after, 5, 0, False)]))
+
+
+@pytest.mark.quick
+@torch.no_grad()
 def test_an_owner_with_a_bad_slot_leaves_the_others_alone():
     """Rows of an owner whose slot is out of range go to the scratch slot: the valid owner
     packed beside it decodes as it does alone."""
