@@ -278,3 +278,10 @@ def test_taps_are_transformers_hidden_states():
         got = taps[:, k * cfg.hidden_size:(k + 1) * cfg.hidden_size]
         assert torch.allclose(got, want[layer + 1][0], rtol=1e-4, atol=1e-5), layer
 
+
+
+@pytest.mark.quick
+def test_a_call_past_max_rows_is_refused_by_name():
+    model, cfg = hf_model(seed=9)
+    with pytest.raises(ValueError, match="17 rows in one call: this target takes at most max_rows = 16"):
+        call(ours(model, cfg, max_rows=16), {0: list(range(17))}, {0: 0})
