@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._higher_order_ops.scan import scan
 
-from . import layers, packing
+from . import layers, llama, packing
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ class HybridTarget(nn.Module):
 
     @property
     def output_weight(self) -> torch.Tensor:  # [V, hidden]
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return llama.output_weight(self.model.embed_tokens, self.lm_head)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
         return F.linear(self.model.norm(h), self.output_weight)
