@@ -104,6 +104,13 @@ class Backbone(nn.Module):
         self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def tap(x: torch.Tensor, layer: int, num_layers: int, norm: nn.Module) -> torch.Tensor:
+    """Decoder layer `layer`'s output as the drafter's context takes it (HF's
+    `hidden_states[layer + 1]`): raw, except the last layer's, which HF replaces with the
+    final-normed state."""
+    return norm(x) if layer == num_layers - 1 else x
+
+
 def output_weight(embed_tokens: nn.Embedding, lm_head: nn.Linear | None) -> torch.Tensor:  # [V, hidden]
     """The lm_head's weight, or the embedding's when they are tied (lm_head None)."""
     return embed_tokens.weight if lm_head is None else lm_head.weight
@@ -145,9 +152,8 @@ class Target(nn.Module):
         cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
         seen = (torch.zeros_like(place.position), place.position + 1)  # cells <= the row's position
         tapped = {}
-        last = self.cfg.num_layers - 1
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, place, seen)
             if i in taps:
-                tapped[i] = self.model.norm(x) if i == last else x
+                tapped[i] = tap(x, i, self.cfg.num_layers, self.model.norm)
         return x, torch.cat([tapped[i] for i in taps], dim=-1)

@@ -346,7 +346,6 @@ class HybridTarget(nn.Module):
         x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
         cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
         tapped = {}
-        last = self.cfg.num_layers - 1
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             if layer.kind == "linear_attention":
@@ -356,5 +355,5 @@ class HybridTarget(nn.Module):
                 x = x + layer.self_attn(h, cos, sin, place)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if i in taps:
-                tapped[i] = self.model.norm(x) if i == last else x
+                tapped[i] = llama.tap(x, i, self.cfg.num_layers, self.model.norm)
         return x, torch.cat([tapped[i] for i in taps], dim=-1) if taps else x[:, :0]
