@@ -26,18 +26,9 @@ import torch
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.kernels import cached_attention as ca
+from roofline import copy_bandwidth  # (benchmarks/, beside this script)
 
 REFERENCE_BYTES = 24 << 30  # the reference's gathered K and V together, at most
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy (read + write)."""
-    from triton.testing import do_bench
-
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    return 2 * n / (do_bench(lambda: b.copy_(a), warmup=50, rep=400, return_mode="median") * 1e-3)
 
 
 def step_case(g, owners, rows, heads, kv_heads, dim, cells, lengths, dtype, device):

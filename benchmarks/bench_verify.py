@@ -41,6 +41,7 @@ from triton.testing import do_bench
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, rng
+from roofline import copy_bandwidth  # (benchmarks/, beside this script)
 
 MODES = {  # name -> (temperature, top_k, top_p)
     "greedy": (0.0, 0, 1.0),
@@ -53,15 +54,6 @@ ROWS_PER_OWNER = 16
 ROTATE_BYTES = 256 << 20
 MIN_COPIES = 4  # distinct inputs per case at least: 4096 rows at 64 x 16, so that a rare row (a top-p nucleus
 # of ~1400 tokens, ~1 in 2048 of these rows) weighs in as often as it comes, not as one input's luck
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy (read + write)."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=400, return_mode="median")
-    return 2 * n / (ms * 1e-3)
 
 
 def realistic_logits(g, rows, vocab, dtype):
