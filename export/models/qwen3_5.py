@@ -195,9 +195,10 @@ class GatedDeltaNet(nn.Module):
         count = torch.minimum(torch.clamp(committed, 0, pending), self.pending_count[owner_slot])
         live = j[None, :] < count[:, None]  # [O, P]
         slot = torch.where(live, owner_slot[:, None], scratch).reshape(-1)
-        src = owner_slot[:, None].expand(-1, pending).reshape(-1)
-        ab = self.pending_ab[src, j.repeat(owner_slot.shape[0])]
-        carry, _ = self._scan(slot, self.pending_qkv[src, j.repeat(owner_slot.shape[0])], ab[:, 0], ab[:, 1],
+        src = owner_slot[:, None].expand(-1, pending).reshape(-1)  # each owner's pending rows, in order
+        at = j.repeat(owner_slot.shape[0])
+        ab = self.pending_ab[src, at]
+        carry, _ = self._scan(slot, self.pending_qkv[src, at], ab[:, 0], ab[:, 1],
                               (self.conv_state.clone(), self.recurrent_state.clone()))
         self.conv_state.copy_(carry[0])
         self.recurrent_state.copy_(carry[1])
