@@ -113,9 +113,10 @@ profile)
   [[ -f "$dir/model.pte" ]] || { echo "profile: no export in $dir: run runner-bench first, in the same call"; exit 1; }
   python3 -c "
 import random
+new = ${PROFILE_NEW:-4}
 r = random.Random(0)
 for i in range(64):
-    print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(16)) + f':max_new=4:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
+    print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(16)) + f':max_new={new}:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
 " >/tmp/profile.owners
   timeout "${PROFILE_TIMEOUT:-480}" ncu --clock-control none --metrics gpu__time_duration.sum --print-units base --csv \
     --log-file "$OUT/ncu.csv" "$runner" --program "$dir/model.pte" --data "$dir/aoti_cuda_blob.ptd" \

@@ -283,6 +283,27 @@ def test_the_cuda_build_fails_clearly_without_what_it_needs(tmp_path, case):
     assert message in " ".join(done.stderr.split()), done.stderr
 
 
+def test_the_cuda_code_of_the_runner_compiles():
+    """The runner's CUDA-only code (`#ifdef DFLASH_RUNNER_CUDA`: the backend's options, the memory
+    pool, the device copies) is compiled only on the GPU machine; a slip there would cost a
+    device call. Checked here against ExecuTorch's installed headers and the CUDA runtime
+    headers Triton ships (syntax and types, no link)."""
+    import executorch
+    import triton
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    et = Path(list(executorch.__path__)[0]) / "include"
+    cuda = Path(list(triton.__path__)[0]) / "backends" / "nvidia" / "include"
+    assert (cuda / "cuda_runtime.h").is_file(), cuda
+    args = [cxx, "-std=c++17", "-fsyntax-only", "-DDFLASH_RUNNER_CUDA", "-DC10_USING_CUSTOM_GENERATED_MACROS",
+            f"-I{et}", f"-I{et / 'executorch/runtime/core/portable_type/c10'}", f"-I{cuda}", f"-I{SOURCE}",
+            str(SOURCE / "main.cpp")]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
 def test_help_documents_the_owner_syntax(setup):
     done = _run(setup["runner"], "--help")
     assert done.returncode == 0

@@ -52,13 +52,14 @@ pytestmark = [
 ]
 
 # name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts,
-# lowering.fused_verify)
+# lowering.fused_verify, lowering.fused_attention)
 EXPORTS = {
-    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True),
-    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True),
-    "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False),
-    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True),
-    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True),
+    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, False),
+    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False),
+    "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False, False),
+    "sampling-f32-attn": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True),
+    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True, False),
+    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True, False),
 }
 F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
@@ -73,10 +74,10 @@ def _selected() -> list[str]:
 
 
 def _config(name: str) -> config.ExportConfig:
-    base, dtype, backend, distilled, fused = EXPORTS[name]
+    base, dtype, backend, distilled, fused, attention = EXPORTS[name]
     cfg = config.load(base)
     model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
-    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused)
+    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused, fused_attention=attention)
     return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering)
 
 
@@ -202,7 +203,7 @@ def test_target_verify_reads_the_cache_target_prefill_wrote(artifacts):
     assert private[0] == want[0] and private != want
 
 
-@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32", "sampling-f32-unfused"])
+@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32", "sampling-f32-unfused", "sampling-f32-attn"])
 def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
     artifacts[name]  # skipped when not exported in this run
     program = _eager(name, "cpu")
@@ -277,7 +278,7 @@ def test_timing(artifacts):
     """Per-method times and throughput of max_owners owners, speculative and target-only (not a
     pass/fail check: the numbers go to benchmarks/RESULTS.md)."""
     rows = []
-    for name in ("sampling-bf16", "sampling-f32", "sampling-f32-unfused", "greedy-f32"):
+    for name in ("sampling-bf16", "sampling-f32", "sampling-f32-unfused", "sampling-f32-attn", "greedy-f32"):
         if name not in artifacts.exports:
             continue
         program = _eager(name, "cpu")

@@ -626,6 +626,7 @@ class DFlashProgram {
     global.set_option("skip_copy_output_to_cpu_for_method", "target_prefill,target_verify");
     Error e = executorch::runtime::set_option("CudaBackend", global.view());
     if (e != Error::Ok) failed("setting the CUDA backend's options failed (" + error_name(e) + ")");
+    keep_pool_memory();
     if (shared_state) {  // a group of this program alone: another program's constants never mix in
       char group[64];
       std::snprintf(group, sizeof group, "dflash_runner:%p", static_cast<void*>(this));
@@ -636,6 +637,25 @@ class DFlashProgram {
   }
 
 #ifdef DFLASH_RUNNER_CUDA
+  // The backend allocates every call's outputs and intermediates (a verify's logits: rows x
+  // vocab, hundreds of MB) with cudaMallocAsync from the device's default pool, and that pool
+  // hands memory beyond its release threshold (default 0) back to the driver at each
+  // synchronisation: each call would map its memory again. Keep it (as PyTorch's caching
+  // allocator does); a runner that cannot only warns, since results do not depend on it.
+  static void keep_pool_memory() {
+    int device = 0;
+    cudaMemPool_t pool = nullptr;
+    uint64_t keep = UINT64_MAX;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetDefaultMemPool(&pool, device);
+    if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThresholdX, &keep);
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "dflash_runner: warning: the CUDA memory pool will release its memory at each "
+                   "synchronisation (%s): calls may be slower\n", cudaGetErrorString(e));
+      cudaGetLastError();
+    }
+  }
+
   // The AOTInductor shims a method's compiled library (`<method>_so_blob` in the .ptd) calls
   // that this runner does not define (cuda/shim_check.h): a warning that names them before the
   // methods load, since such a method fails only when it runs, with libtorch's function in the
