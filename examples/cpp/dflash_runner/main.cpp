@@ -648,7 +648,7 @@ class DFlashProgram {
     uint64_t keep = UINT64_MAX;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess) e = cudaDeviceGetDefaultMemPool(&pool, device);
-    if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThresholdX, &keep);
+    if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     if (e != cudaSuccess) {
       std::fprintf(stderr, "dflash_runner: warning: the CUDA memory pool will release its memory at each "
                    "synchronisation (%s): calls may be slower\n", cudaGetErrorString(e));
