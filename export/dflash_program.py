@@ -12,14 +12,16 @@ Methods (docs/CONTRACT.md is the full contract: shapes, buffers, the step loop):
 sampling variant and nothing in the greedy one. All four model methods are
 traced from one target and one drafter instance, so their KV / context caches
 have the same buffer names and the exporter shares them across methods
-(`ProgramSpec.shared_state`).
+(`ProgramSpec.shared_state`). The target is a Llama-family model or a Qwen3.5
+hybrid, whose recurrent state a verify call keeps for exactly the accepted rows
+(on the device: the inputs and outputs are the same for both; portable only).
 """
 
 import torch
 from torch import nn
 
 from . import heads, methods, models, sampling
-from .config import ExportConfig
+from .config import ConfigError, ExportConfig
 from .methods import MethodSpec, ProgramSpec, TensorSpec
 from .models import dflash, llama, packing
 
@@ -45,7 +47,7 @@ def _last_rows(offsets: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torc
 class TargetPrefill(nn.Module):
     """Prompt rows -> each owner's first token (argmax of its last prompt row) and taps."""
 
-    def __init__(self, target: models.Target, taps: tuple[int, ...]):
+    def __init__(self, target: models.Target | models.HybridTarget, taps: tuple[int, ...]):
         super().__init__()
         self.target, self.taps = target, taps
 
@@ -77,7 +79,7 @@ class TargetPrefillSampling(TargetPrefill):
     """Like TargetPrefill, the first token sampled by `sample_rows` at last prompt position + 1
     with the owner's parameters: the rule target_verify applies to every later position."""
 
-    def __init__(self, target: models.Target, taps: tuple[int, ...], max_owners: int | None):
+    def __init__(self, target: models.Target | models.HybridTarget, taps: tuple[int, ...], max_owners: int | None):
         super().__init__(target, taps)
         self.sample = heads.SampleRows(max_owners)  # N = owners
 
@@ -99,9 +101,11 @@ class TargetPrefillSampling(TargetPrefill):
 
 
 class TargetVerify(nn.Module):
-    """The target over [pending, drafts] of every owner, fused with the greedy verify head."""
+    """The target over [pending, drafts] of every owner, fused with the greedy verify head.
+    The target's rows are deferred: a hybrid target keeps `accepted + 1` of each owner's
+    rows (its head's verdict, on the device) for its next call to commit (`qwen3_5`)."""
 
-    def __init__(self, target: models.Target, taps: tuple[int, ...]):
+    def __init__(self, target: models.Target | models.HybridTarget, taps: tuple[int, ...]):
         super().__init__()
         self.target, self.taps = target, taps
         self.verify = heads.DFlashVerifyArgmax()
@@ -113,8 +117,9 @@ class TargetVerify(nn.Module):
         start_position: torch.Tensor,  # [O] int64: position of each pending token
         slots: torch.Tensor,  # [O] int64
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O], hidden [R, F]
-        h, hidden = self.target(tokens, offsets, start_position, slots, self.taps)
+        h, hidden = self.target(tokens, offsets, start_position, slots, self.taps, defer=True)
         accepted, next_token = self.verify(self.target.logits(h), tokens, offsets)
+        self.target.accept(slots, accepted + 1)
         return accepted, next_token, hidden
 
 
@@ -122,7 +127,7 @@ class TargetVerifySampling(nn.Module):
     """The target over [pending, drafts] of every owner, fused with `dflash_verify` under
     each owner's temperature / top-k / top-p / seed."""
 
-    def __init__(self, target: models.Target, taps: tuple[int, ...], max_rows: int | None):
+    def __init__(self, target: models.Target | models.HybridTarget, taps: tuple[int, ...], max_rows: int | None):
         super().__init__()
         self.target, self.taps = target, taps
         self.verify = heads.DFlashVerify(max_rows)
@@ -138,10 +143,11 @@ class TargetVerifySampling(nn.Module):
         top_p: torch.Tensor,  # [O] float32
         seed: torch.Tensor,  # [O] int64
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted [O], next_token [O], hidden [R, F]
-        h, hidden = self.target(tokens, offsets, start_position, slots, self.taps)
+        h, hidden = self.target(tokens, offsets, start_position, slots, self.taps, defer=True)
         accepted, next_token = self.verify(
             self.target.logits(h), tokens, offsets, start_position, temperature, top_k, top_p, seed
         )
+        self.target.accept(slots, accepted + 1)
         return accepted, next_token, hidden
 
 
@@ -176,7 +182,7 @@ class DraftPrefill(nn.Module):
 class DraftForward(nn.Module):
     """Append each owner's committed rows to its context, then draft block_size - 1 tokens."""
 
-    def __init__(self, drafter: models.Drafter, target: models.Target):
+    def __init__(self, drafter: models.Drafter, target: models.Target | models.HybridTarget):
         super().__init__()
         self.drafter = drafter
         self.embed_tokens = target.model.embed_tokens  # shared with the target (z-lab)
@@ -209,6 +215,12 @@ class DraftForward(nn.Module):
 
 
 def build(cfg: ExportConfig) -> ProgramSpec:
+    if cfg.backend == "cuda" and isinstance(models.target_config(cfg.model)[0], models.HybridConfig):
+        raise ConfigError(
+            f"model.target {cfg.model.target} is a Qwen3.5 hybrid target, which has no CUDA lowering yet (its "
+            "linear-attention recurrence is a scan that copies every slot's state per row: a fused kernel is "
+            "missing, issue #27); export it with backend: portable"
+        )
     target, drafter = models.load(cfg.model, cfg.limits)
     tcfg, dcfg = target.cfg, drafter.cfg
     taps = tuple(dcfg.target_layer_ids)

@@ -8,6 +8,8 @@ root off the path, once."""
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,3 +22,29 @@ def transformers():
         finally:
             sys.path[:] = saved
     return sys.modules["transformers"]
+
+
+def qwen3_5_model(seed: int, vocab: int, tie: bool = False, layers: int = 4):
+    """A random transformers Qwen3.5 text model (Gated DeltaNet and gated attention layers:
+    every 4th full attention, or alternating for other depths) -> (model, config)."""
+    tf = transformers()
+    cfg = tf.Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=tie,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        **({} if layers == 4 else {"layer_types": ["linear_attention", "full_attention"] * (layers // 2)}),
+    )
+    torch.manual_seed(seed)
+    model = tf.Qwen3_5ForCausalLM(cfg).eval()
+    with torch.no_grad():  # transformers starts the norms at 0 / 1 and A_log at fixed values: perturb them all
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model, cfg
+
+
+def greedy(model, prompt: list[int], new: int) -> list[int]:
+    """transformers' `generate(do_sample=False)`: exactly `new` tokens after `prompt`."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new,
+                         pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt):].tolist()

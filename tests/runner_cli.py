@@ -1,7 +1,47 @@
-"""The C++ runner's command line and output, for the tests that drive it
-(test_cpp_runner.py on the CPU, test_cuda_runner_gpu.py on a GPU)."""
+"""The C++ runner's build, command line and output, for the tests that drive it
+(test_cpp_runner.py and test_hybrid_program.py on the CPU, test_cuda_runner_gpu.py on a GPU)."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from dflash_et.export import driver
+
+SOURCE = Path(__file__).resolve().parents[1] / "examples" / "cpp" / "dflash_runner"
+
+
+def compiler() -> str | None:
+    """The first C++ compiler found ($CXX, c++, g++, clang++)."""
+    return next((c for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++") if shutil.which(c)), None)
+
+
+def missing_toolchain() -> str | None:
+    """Why the runner cannot be built here (None: it can)."""
+    if shutil.which("cmake") is None:
+        return "cmake is not installed (the C++ runner is built with CMake)"
+    if compiler() is None:
+        return "no C++ compiler (c++, g++ or clang++) is installed"
+    return None
+
+
+def build(directory: Path) -> Path:
+    """The CPU runner, CMake against the executorch wheel's package config (about 5 s)."""
+    import executorch
+
+    prefix = Path(list(executorch.__path__)[0]) / "lib" / "cmake" / "executorch"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for cmd in (
+        ["cmake", "-S", str(SOURCE), "-B", str(directory), *generator, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_PREFIX_PATH={prefix}"],
+        ["cmake", "--build", str(directory)],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return directory / "dflash_runner"
 
 
 def owner_spec(o: driver.Owner) -> str:

@@ -3,7 +3,9 @@
 `load(model_cfg, limits)` resolves `model.target` / `model.drafter` (a preset
 name or a checkpoint directory), checks that the drafter fits the target and
 the limits, and returns both with KV / context caches of `limits.max_owners`
-slots x `limits.max_seq_len` positions.
+slots x `limits.max_seq_len` positions. A target checkpoint is a Llama-family
+model (`llama.Target`) or a Qwen3.5 hybrid (`qwen3_5.HybridTarget`, whose
+verify calls keep one drafter block of pending rows per slot).
 """
 
 from pathlib import Path
@@ -14,12 +16,13 @@ from ..config import ConfigError, LimitsConfig, ModelConfig
 from . import checkpoint, presets
 from .dflash import Drafter, DrafterConfig
 from .llama import Target, TargetConfig
+from .qwen3_5 import HybridConfig, HybridTarget
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 __all__ = [
-    "Drafter", "DrafterConfig", "Target", "TargetConfig", "check_pair", "drafter_config", "load", "load_drafter",
-    "load_target", "target_config",
+    "Drafter", "DrafterConfig", "HybridConfig", "HybridTarget", "Target", "TargetConfig", "check_pair",
+    "drafter_config", "load", "load_drafter", "load_target", "target_config",
 ]
 
 
@@ -36,11 +39,13 @@ def _resolve(name: str, table: dict, key: str) -> Path | None:
     )
 
 
-def target_config(model_cfg: ModelConfig) -> tuple[TargetConfig, Path | None]:
+def target_config(model_cfg: ModelConfig) -> tuple[TargetConfig | HybridConfig, Path | None]:
     """The target's architecture and its checkpoint directory (None for a preset)."""
     directory = _resolve(model_cfg.target, presets.TARGETS, "model.target")
     if directory is None:
         return presets.TARGETS[model_cfg.target], None
+    if checkpoint.is_hybrid(directory):
+        return checkpoint.hybrid_config(directory)[0], directory
     return checkpoint.target_config(directory), directory
 
 
@@ -51,9 +56,13 @@ def drafter_config(model_cfg: ModelConfig) -> tuple[DrafterConfig, Path | None]:
     return checkpoint.drafter_config(directory), directory
 
 
-def load_target(model_cfg: ModelConfig, limits: LimitsConfig) -> Target:
+def load_target(model_cfg: ModelConfig, limits: LimitsConfig) -> Target | HybridTarget:
     dtype = DTYPES[model_cfg.dtype]
     cfg, directory = target_config(model_cfg)
+    if isinstance(cfg, HybridConfig):  # a verify call's rows per owner wait for the next call: one block
+        block = drafter_config(model_cfg)[0].block_size
+        return checkpoint.load_hybrid_target(directory, limits.max_owners, limits.max_seq_len, limits.max_rows, dtype,
+                                             pending_rows=block)
     if directory is not None:
         return checkpoint.load_target(directory, limits.max_owners, limits.max_seq_len, dtype)
     # The same preset target whether its drafter is a preset or a checkpoint (e.g. one that
@@ -70,7 +79,7 @@ def load_drafter(model_cfg: ModelConfig, limits: LimitsConfig) -> Drafter:
     return presets.init_drafter(Drafter(cfg, limits.max_owners, limits.max_seq_len, dtype), model_cfg.seed)
 
 
-def check_pair(target: TargetConfig, drafter: DrafterConfig, limits: LimitsConfig | None = None) -> None:
+def check_pair(target: TargetConfig | HybridConfig, drafter: DrafterConfig, limits: LimitsConfig | None = None) -> None:
     """The drafter must read this target's taps, embedding and lm_head; the limits must
     hold one verify block."""
     if drafter.hidden_size != target.hidden_size:
@@ -111,7 +120,7 @@ def check_pair(target: TargetConfig, drafter: DrafterConfig, limits: LimitsConfi
             )
 
 
-def load(model_cfg: ModelConfig, limits: LimitsConfig) -> tuple[Target, Drafter]:
+def load(model_cfg: ModelConfig, limits: LimitsConfig) -> tuple[Target | HybridTarget, Drafter]:
     """Both models; the pair is checked from the configs before any weight is read."""
     check_pair(target_config(model_cfg)[0], drafter_config(model_cfg)[0], limits)
     return load_target(model_cfg, limits), load_drafter(model_cfg, limits)

@@ -314,8 +314,7 @@ def target_config(directory: Path) -> TargetConfig:
         supported = ", ".join(f"{t} ({a})" for t, a in TARGET_TYPES.items())
         hint = "; this is a DFlash drafter: use it as model.drafter" if DRAFTER_ARCHITECTURE in archs else ""
         if model_type in HYBRID_TYPES:
-            hint = ("; Qwen3.5 hybrid targets load only as a model so far (checkpoint.load_hybrid_target, "
-                    "issue #27), not into a DFlash program")
+            hint = "; it is a Qwen3.5 hybrid target: read it with hybrid_config / load_hybrid_target"
         raise CheckpointError(
             f"{path}: model_type {model_type!r} (architectures {archs}) is not a supported target; "
             f"supported: {supported}{hint}"
@@ -443,6 +442,11 @@ def drafter_config(directory: Path) -> DrafterConfig:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def is_hybrid(directory: Path) -> bool:
+    """Whether the checkpoint's config.json describes a Qwen3.5 hybrid target."""
+    return _read_config(Path(directory)).get("model_type") in HYBRID_TYPES
 
 
 def hybrid_config(directory: Path) -> tuple[HybridConfig, bool]:

@@ -143,7 +143,10 @@ class Target(nn.Module):
         start_position: torch.Tensor,  # [O] int64
         slots: torch.Tensor,  # [O] int64
         taps: tuple[int, ...],
+        defer: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # last hidden [R, hidden] (pre-norm), taps [R, len(taps) * hidden]
+        """`defer` (a verify call) changes nothing here: a KV cell past the committed prefix is
+        never read, and the next call overwrites it (a hybrid target's state needs it)."""
         start, count = packing.offsets_to_ranges(offsets)
         place = packing.place_rows(
             tokens.shape[0], start, count, start_position, slots, self.slots, self.max_seq_len
@@ -157,3 +160,6 @@ class Target(nn.Module):
             if i in taps:
                 tapped[i] = tap(x, i, self.cfg.num_layers, self.model.norm)
         return x, torch.cat([tapped[i] for i in taps], dim=-1)
+
+    def accept(self, slots: torch.Tensor, counts: torch.Tensor) -> None:
+        """Nothing to keep after a verify call (see `forward`'s `defer`)."""

@@ -1,6 +1,6 @@
 """Qwen3.5-family hybrid targets (transformers `qwen3_5` text model) over packed owners with
 per-slot state (issue #27): the model, checked against transformers itself, and exportable
-(a portable ExecuTorch program of it runs and matches it), but no DFlash program builds it yet.
+(a portable ExecuTorch program of it runs and matches it), and the target of portable DFlash programs.
 
 Architecture (transformers 5.18 `modeling_qwen3_5`, parameter names as there):
 - decoder layers of two kinds, `layer_types`: `linear_attention` (Gated DeltaNet) and
@@ -21,10 +21,12 @@ DeltaNet layer the conv state (the last K - 1 conv inputs) and the recurrent sta
 Unlike a KV cache, these cannot be cut back: a verify call advances them over every draft
 row, and only the accepted prefix may stay. So a verify call (`defer=True`) reads each
 slot's state and leaves it as it was, keeping each row's conv input, `a` and `b` (the
-slot's pending rows); the next call, whichever it is, first commits `committed[o]` of
-them (the pending token and the accepted drafts: the same conv and recurrence over those
-rows, from the saved state), then runs its own rows. Costs: docs/CONTRACT.md, "Hybrid
-targets".
+slot's pending rows); `accept(slots, counts)`, in the same method once its head has decided,
+keeps `accepted + 1` of them (the pending token and the accepted drafts); the next call on
+the slot, whichever it is, first commits them (the same conv and recurrence over those rows,
+from the saved state), then runs its own rows. The count never leaves the device. An owner
+whose rows start at position 0 starts from zero state (a new sequence, maybe in a slot
+another owner used). Costs: docs/CONTRACT.md, "Hybrid targets".
 
 The recurrence is one `scan` over rows in packed order, its carry every slot's conv window
 and state: rows padded to `max_rows` and rows of no valid owner sent to the scratch slot,
@@ -155,7 +157,8 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("pending_qkv", torch.zeros(slots + 1, pending_rows, cfg.conv_dim, dtype=dtype),
                              persistent=False)
         self.register_buffer("pending_ab", torch.zeros(slots + 1, pending_rows, 2, hv, dtype=dtype), persistent=False)
-        # how many of them are still to commit: set by a deferred call, spent by the commit, 0 after any other call
+        # how many of them are still to commit: set by a deferred call, cut by accept, spent by the commit,
+        # 0 after any other call
         self.register_buffer("pending_count", torch.zeros(slots + 1, dtype=torch.int64), persistent=False)
 
     def _step(self, carry, row):
@@ -185,15 +188,26 @@ class GatedDeltaNet(nn.Module):
         """`_step` over rows [N] in order -> (carry after them, core outputs [N, Hv, dv])."""
         return scan(self._step, carry, (slot.unsqueeze(-1), mixed, a, b))
 
-    def commit(self, owner_slot: torch.Tensor, committed: torch.Tensor) -> None:
-        """Each owner's slot advances over the first `committed[o]` rows of its slot's last
-        deferred call (0: none), at most the rows that call kept; then they are spent (a
-        second commit, or one after a prefill, changes nothing)."""
+    def reset(self, owner_slot: torch.Tensor, fresh: torch.Tensor) -> None:
+        """The slots of owners that start a sequence (`fresh`) back to zero state, nothing pending."""
+        slot = torch.where(fresh, owner_slot, self.conv_state.shape[0] - 1)  # others: the scratch slot
+        self.conv_state.index_put_((slot,), torch.zeros_like(self.conv_state.index_select(0, slot)))
+        self.recurrent_state.index_put_((slot,), torch.zeros_like(self.recurrent_state.index_select(0, slot)))
+        self.pending_count.index_put_((slot,), torch.zeros_like(slot))
+
+    def accept(self, owner_slot: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a deferred call: each owner's slot keeps the first `counts[o]` of the rows it
+        kept (at most those), for the next call to commit."""
+        keep = torch.minimum(torch.clamp(counts, min=0), self.pending_count[owner_slot])
+        self.pending_count.index_put_((owner_slot,), keep)
+
+    def commit(self, owner_slot: torch.Tensor) -> None:
+        """Each owner's slot advances over the rows its last deferred call kept and `accept`
+        left (none after any other call); then they are spent."""
         pending = self.pending_qkv.shape[1]
         scratch = self.conv_state.shape[0] - 1
         j = torch.arange(pending, device=owner_slot.device)
-        count = torch.minimum(torch.clamp(committed, 0, pending), self.pending_count[owner_slot])
-        live = j[None, :] < count[:, None]  # [O, P]
+        live = j[None, :] < self.pending_count[owner_slot][:, None]  # [O, P]
         slot = torch.where(live, owner_slot[:, None], scratch).reshape(-1)
         src = owner_slot[:, None].expand(-1, pending).reshape(-1)  # each owner's pending rows, in order
         at = j.repeat(owner_slot.shape[0])
@@ -328,21 +342,21 @@ class HybridTarget(nn.Module):
         offsets: torch.Tensor,  # [O+1] int64
         start_position: torch.Tensor,  # [O] int64
         slots: torch.Tensor,  # [O] int64
-        committed: torch.Tensor,  # [O] int64: rows of the slot's last deferred call to commit first (0: none)
         taps: tuple[int, ...] = (),
         defer: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # last hidden [R, hidden] (pre-norm), taps [R, len(taps) * hidden]
         """Owner o's rows `[offsets[o], offsets[o+1])`, the first at `start_position[o]`, in
-        slot `slots[o]`. First each owner's slot commits `committed[o]` rows of its last
-        deferred call (the accepted drafts and the token before them); then the rows run.
-        `defer`: the linear layers' states stay as they are and this call's rows wait for
-        the next call's commit (a verify call); else they advance (prefill, decode).
-        Taps as `llama.Target`'s: the raw output of each layer in `taps`, final-normed for
-        the last layer (the drafter's context, z-lab's convention)."""
+        slot `slots[o]`. First each owner's slot commits what its last deferred call kept and
+        `accept` left (an owner starting at position 0 starts from zero state instead); then
+        the rows run. `defer`: the linear layers' states stay as they are and this call's
+        rows wait for `accept` and the next call (a verify call); else they advance (prefill,
+        decode). Taps as `llama.Target`'s: the raw output of each layer in `taps`,
+        final-normed for the last layer (the drafter's context, z-lab's convention)."""
         start, count = packing.offsets_to_ranges(offsets)
         place = packing.place_rows(tokens.shape[0], start, count, start_position, slots, self.slots,
                                    self.max_seq_len)
         owner_slot = packing.slot_or_scratch(slots, self.slots)
+        fresh = (start_position == 0) & (count > 0)
         row_in_owner = torch.arange(tokens.shape[0], device=tokens.device) - start[place.owner]
         x = self.model.embed_tokens(torch.clamp(tokens, 0, self.cfg.vocab_size - 1))
         cos, sin = self.rope_cos[place.rope_position], self.rope_sin[place.rope_position]
@@ -350,7 +364,8 @@ class HybridTarget(nn.Module):
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             if layer.kind == "linear_attention":
-                layer.linear_attn.commit(owner_slot, committed)
+                layer.linear_attn.reset(owner_slot, fresh)
+                layer.linear_attn.commit(owner_slot)
                 x = x + layer.linear_attn(h, place.write_slot, row_in_owner, owner_slot, count, defer)
             else:
                 x = x + layer.self_attn(h, cos, sin, place)
@@ -358,3 +373,12 @@ class HybridTarget(nn.Module):
             if i in taps:
                 tapped[i] = llama.tap(x, i, self.cfg.num_layers, self.model.norm)
         return x, torch.cat([tapped[i] for i in taps], dim=-1) if taps else x[:, :0]
+
+    def accept(self, slots: torch.Tensor, counts: torch.Tensor) -> None:  # [O], [O] int64
+        """After a deferred (verify) call: owner o's slot keeps the first `counts[o]` rows of
+        that call (`accepted + 1`: the pending token and the accepted drafts; clamped to the
+        rows it kept) for its next call to commit. Other rows are dropped."""
+        owner_slot = packing.slot_or_scratch(slots, self.slots)
+        for layer in self.model.layers:
+            if layer.kind == "linear_attention":
+                layer.linear_attn.accept(owner_slot, counts)

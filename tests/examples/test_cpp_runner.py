@@ -22,26 +22,13 @@ import yaml
 from dflash_et.export import builder, config, driver, methods
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE = ROOT / "examples" / "cpp" / "dflash_runner"
+SOURCE = runner_cli.SOURCE
 VARIANTS = ("greedy", "sampling")
 EXIT_BAD_INPUT = 2
 
 
-def _compiler() -> str | None:
-    """The first C++ compiler found ($CXX, c++, g++, clang++)."""
-    return next((c for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++") if shutil.which(c)), None)
-
-
-def _missing_toolchain() -> str | None:
-    if shutil.which("cmake") is None:
-        return "cmake is not installed (the C++ runner is built with CMake)"
-    if _compiler() is None:
-        return "no C++ compiler (c++, g++ or clang++) is installed"
-    return None
-
-
 pytestmark = [
-    pytest.mark.skipif(_missing_toolchain() is not None, reason=str(_missing_toolchain())),
+    pytest.mark.skipif(runner_cli.missing_toolchain() is not None, reason=str(runner_cli.missing_toolchain())),
     pytest.mark.xdist_group("cpp_runner"),  # one worker builds the runner and exports once
 ]
 
@@ -73,23 +60,6 @@ _OLD_EXPORT = textwrap.dedent("""
 """)
 
 
-def _build_runner(build: Path) -> Path:
-    """CMake against the executorch wheel's package config (about 5 s)."""
-    import executorch
-
-    prefix = Path(list(executorch.__path__)[0]) / "lib" / "cmake" / "executorch"
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    for cmd in (
-        ["cmake", "-S", str(SOURCE), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-         f"-DCMAKE_PREFIX_PATH={prefix}"],
-        ["cmake", "--build", str(build)],
-    ):
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return build / "dflash_runner"
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, shared_export):
     """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future' / 'old': artifact directories}.
@@ -108,7 +78,7 @@ def setup(tmp_path_factory, shared_export):
     jobs = {k: subprocess.Popen([sys.executable, *c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, cwd=ROOT) for k, c in commands.items()}
     try:
-        runner = _build_runner(base / "build")
+        runner = runner_cli.build(base / "build")
         dirs |= {v: shared_export(f"tiny-dflash-{v}") for v in reversed(VARIANTS)}
     finally:
         logs = {k: j.communicate()[0] for k, j in jobs.items()}
@@ -291,9 +261,7 @@ def test_the_cuda_code_of_the_runner_compiles():
     import executorch
     import triton
 
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = runner_cli.compiler()
     et = Path(list(executorch.__path__)[0]) / "include"
     cuda = Path(list(triton.__path__)[0]) / "backends" / "nvidia" / "include"
     assert (cuda / "cuda_runtime.h").is_file(), cuda
@@ -334,7 +302,7 @@ def test_the_cuda_runners_shim_check_names_the_shims_it_lacks(tmp_path):
     define), on the CPU: a library importing three aoti_ functions, run by an executable that
     defines one, with another in a library beside it (as libtorch is): the two not in the
     executable are named; a truncated or non-ELF file is an error, not a crash."""
-    cxx = _compiler()
+    cxx = runner_cli.compiler()
     (tmp_path / "lib.cpp").write_text(
         'extern "C" int aoti_torch_defined_here(void*); extern "C" int aoti_torch_zero_(void*);\n'
         'extern "C" int aoti_torch_in_libtorch(void*); extern "C" int other_function(void*);\n'

@@ -1,9 +1,11 @@
 """The Qwen3.5 hybrid target (export/models/qwen3_5.py) against transformers' own
 `qwen3_5` text model on random checkpoints it makes at test time, and its deferred
-verify state: committing the accepted rows gives target-only decoding's state."""
+verify state: committing the accepted rows gives target-only decoding's state; a new owner in
+a used slot starts from zero state."""
 
 import pytest
 import torch
+import hf_reference
 from hf_reference import transformers
 
 from dflash_et.export.models import qwen3_5
@@ -12,20 +14,7 @@ VOCAB = 101
 
 
 def hf_model(seed: int, tie: bool = False, layers: int = 4):
-    tf = transformers()
-    cfg = tf.Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=tie,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        **({} if layers == 4 else {"layer_types": ["linear_attention", "full_attention"] * (layers // 2)}),
-    )
-    torch.manual_seed(seed)
-    model = tf.Qwen3_5ForCausalLM(cfg).eval()
-    with torch.no_grad():  # transformers starts the norms at 0 / 1 and A_log at fixed values: perturb them all
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model, cfg
+    return hf_reference.qwen3_5_model(seed, VOCAB, tie, layers)
 
 
 def ours(model, cfg, slots: int = 3, max_seq_len: int = 64, max_rows: int = 16) -> qwen3_5.HybridTarget:
@@ -43,20 +32,21 @@ def ours(model, cfg, slots: int = 3, max_seq_len: int = 64, max_rows: int = 16) 
     return mine
 
 
-def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new,
-                         pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+hf_greedy = hf_reference.greedy
 
 
-def call(mine, rows: dict[int, list[int]], start: dict[int, int], committed: dict[int, int] | None = None,
-         defer: bool = False) -> torch.Tensor:
+def call(mine, rows: dict[int, list[int]], start: dict[int, int], defer: bool = False) -> torch.Tensor:
     """One packed call: each slot's rows, from its start position -> logits [R, V]."""
     slots = list(rows)
     offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
     h, _ = mine(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
-                torch.tensor(slots), torch.tensor([(committed or {}).get(s, 0) for s in slots]), defer=defer)
+                torch.tensor(slots), defer=defer)
     return mine.logits(h)
+
+
+def accept(mine, counts: dict[int, int]) -> None:
+    """After a deferred call: each slot keeps `counts[slot]` of its rows for the next call."""
+    mine.accept(torch.tensor(list(counts)), torch.tensor(list(counts.values())))
 
 
 @torch.no_grad()
@@ -88,26 +78,26 @@ def test_greedy_tokens_equal_transformers_generate(tie):
 @torch.no_grad()
 def test_verify_calls_commit_only_the_accepted_rows():
     """Speculative greedy decoding with drafts that are right up to a wrong one: each verify
-    call defers its DeltaNet rows and the next commits the accepted ones; the committed
-    tokens equal target-only decoding, and a call that kept every row would not."""
+    call defers its DeltaNet rows, `accept` keeps the accepted ones and the next call commits
+    them; the committed tokens equal target-only decoding, and keeping every row would not."""
     model, cfg = hf_model(seed=2)
     prompt, new, block = [11, 4, 90, 23, 5], 14, 4
     want = decode(ours(model, cfg), {0: prompt}, new)[0]
     mine = ours(model, cfg)
     logits = call(mine, {0: prompt}, {0: 0})
     committed = [int(logits[-1].argmax())]
-    accepted_total, step, keep = 0, 0, 0
+    accepted_total, step = 0, 0
     while len(committed) < new:
         right = want[len(committed):len(committed) + block - 1]
         drafts = [(t + 1) % VOCAB if i == step % 3 else t for i, t in enumerate(right)]  # wrong at i = step % 3
         rows = [committed[-1], *drafts]
-        # this call first commits the last one's accepted rows (keep), then defers its own
-        logits = call(mine, {0: rows}, {0: len(prompt) + len(committed) - 1}, {0: keep}, defer=True)
+        # this call first commits the last one's accepted rows, then defers its own
+        logits = call(mine, {0: rows}, {0: len(prompt) + len(committed) - 1}, defer=True)
         y = logits.argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == y[accepted]:
             accepted += 1
-        keep = accepted + 1  # the pending token and the accepted drafts
+        accept(mine, {0: accepted + 1})  # the pending token and the accepted drafts
         committed += drafts[:accepted] + [y[accepted]]
         accepted_total += accepted
         step += 1
@@ -118,29 +108,46 @@ def test_verify_calls_commit_only_the_accepted_rows():
 @pytest.mark.quick
 @torch.no_grad()
 def test_a_commit_takes_only_the_kept_rows_and_only_once():
-    """`committed` counts the rows the slot's last deferred call kept: more is clamped to
-    them, a commit after a prefill finds none, and a second commit of the same rows
-    finds none either."""
+    """`accept` keeps at most the rows the slot's last deferred call kept; after a prefill it
+    keeps none; the next call commits them once, and a stale `accept` after that keeps none."""
     model, cfg = hf_model(seed=8)
 
-    def run(steps):  # (rows, start, committed, defer) per call -> the last call's logits
+    def run(steps):  # calls (rows, start, defer) and accepts (an int) -> the last call's logits
         mine = ours(model, cfg)
-        for rows, start, committed, defer in steps:
-            logits = call(mine, {0: rows}, {0: start}, {0: committed}, defer)
+        for step in steps:
+            if isinstance(step, int):
+                accept(mine, {0: step})
+            else:
+                logits = call(mine, {0: step[0]}, {0: step[1]}, defer=step[2])
         return logits
 
-    prefill, verify = ([5, 6, 7], 0, 0, False), ([8, 9, 10], 3, 0, True)
+    prefill, verify = ([5, 6, 7], 0, False), ([8, 9, 10], 3, True)
     after = [11, 12]
-    # clamped: 7 of 3 kept rows commits the 3
-    assert torch.equal(run([prefill, verify, (after, 6, 7, False)]), run([prefill, verify, (after, 6, 3, False)]))
+    # clamped: 7 of 3 kept rows keeps the 3
+    assert torch.equal(run([prefill, verify, 7, (after, 6, False)]), run([prefill, verify, 3, (after, 6, False)]))
     # nothing pending after a prefill
-    assert torch.equal(run([prefill, ([8], 3, 4, False)]), run([prefill, ([8], 3, 0, False)]))
-    # spent once: the second call's commit finds nothing
-    twice = [prefill, verify, ([11], 5, 2, False), ([12], 6, 2, False)]
-    once = [prefill, verify, ([11], 5, 2, False), ([12], 6, 0, False)]
+    assert torch.equal(run([prefill, 4, ([8], 3, False)]), run([prefill, ([8], 3, False)]))
+    # spent once: a stale accept after the commit keeps nothing
+    twice = [prefill, verify, 2, ([11], 5, False), 2, ([12], 6, False)]
+    once = [prefill, verify, 2, ([11], 5, False), ([12], 6, False)]
     assert torch.equal(run(twice), run(once))
-    # (a commit with rows pending does change the state: the equalities above are not vacuous)
-    assert not torch.equal(run([prefill, verify, (after, 5, 2, False)]), run([prefill, verify, (after, 5, 0, False)]))
+    # (the rows kept do change the state: the equalities above are not vacuous)
+    assert not torch.equal(run([prefill, verify, 2, (after, 5, False)]), run([prefill, verify, 1, (after, 5, False)]))
+
+
+@pytest.mark.quick
+@torch.no_grad()
+def test_a_new_owner_in_a_used_slot_starts_from_zero_state():
+    """A sequence that starts at position 0 in a slot another owner used, even one that left
+    with rows pending, decodes as in a new target."""
+    model, cfg = hf_model(seed=10)
+    prompt = [9, 8, 7, 6]
+    fresh = decode(ours(model, cfg), {1: prompt}, 6)[1]
+    mine = ours(model, cfg)
+    call(mine, {1: [1, 2, 3, 4, 5]}, {1: 0})
+    call(mine, {1: [6, 7, 8]}, {1: 5}, defer=True)
+    accept(mine, {1: 2})  # the old owner leaves here, two rows pending
+    assert decode(mine, {1: prompt}, 6)[1] == fresh
 
 
 @pytest.mark.quick
@@ -155,7 +162,8 @@ def test_an_owner_with_a_bad_slot_leaves_the_others_alone():
     token = int(logits[-1].argmax())
     got = [token]
     for i in range(5):
-        logits = call(mine, {9: [1, 2], 1: [token]}, {9: 4 + 2 * i, 1: 3 + i}, {9: 2})
+        logits = call(mine, {9: [1, 2], 1: [token]}, {9: 4 + 2 * i, 1: 3 + i}, defer=i % 2 == 1)
+        accept(mine, {9: 2, 1: 1})
         token = int(logits[-1].argmax())
         got.append(token)
     assert got == alone
@@ -210,19 +218,27 @@ def test_configs_name_what_transformers_would_fill_in(tmp_path):
         with pytest.raises(checkpoint.CheckpointError, match=f"has no {key}: transformers' Qwen3_5TextConfig"):
             checkpoint.hybrid_config(directory)
     (directory / "config.json").write_text(json.dumps(data))
-    with pytest.raises(checkpoint.CheckpointError, match="Qwen3.5 hybrid targets load only as a model so far"):
-        checkpoint.target_config(directory)  # a program's target: not yet
+    with pytest.raises(checkpoint.CheckpointError, match="a Qwen3.5 hybrid target: read it with hybrid_config"):
+        checkpoint.target_config(directory)  # the Llama-family reader names the right one
 
 
-class _Method(torch.nn.Module):
-    """One program method over the shared target: prefill (rows advance the state) or verify (deferred)."""
+class _Prefill(torch.nn.Module):
+    """A program method over the shared target whose rows advance the state."""
 
-    def __init__(self, target, defer: bool):
+    def __init__(self, target):
         super().__init__()
-        self.target, self.defer = target, defer
+        self.target = target
 
-    def forward(self, tokens, offsets, start_position, slots, committed):
-        h, _ = self.target(tokens, offsets, start_position, slots, committed, defer=self.defer)
+    def forward(self, tokens, offsets, start_position, slots):
+        return self.target.logits(self.target(tokens, offsets, start_position, slots)[0])
+
+
+class _Verify(_Prefill):
+    """A deferred call, then `accept` of each owner's `counts` (a DFlash verify takes them from its head)."""
+
+    def forward(self, tokens, offsets, start_position, slots, counts):
+        h, _ = self.target(tokens, offsets, start_position, slots, defer=True)
+        self.target.accept(slots, counts)
         return self.target.logits(h)
 
 
@@ -230,7 +246,8 @@ class _Method(torch.nn.Module):
 def test_an_executorch_program_shares_the_state_and_matches_eager():
     """The recurrence exports (one scan per layer and pass, traced once): a portable program
     with a prefill and a verify method over one target, its state shared between them,
-    gives eager's logits through prefill, deferred verify, and calls that commit first."""
+    gives eager's logits through prefill, deferred verify and accept, calls that commit
+    first, and a new owner in a used slot."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.runtime import Runtime
@@ -241,22 +258,24 @@ def test_an_executorch_program_shares_the_state_and_matches_eager():
     rows, owners = Dim("rows", min=1, max=16), Dim("owners", min=1, max=3)
     dynamic = ({0: rows}, {0: owners + 1}, {0: owners}, {0: owners}, {0: owners})
     example = (torch.zeros(5, dtype=torch.int64), torch.tensor([0, 2, 5]), torch.zeros(2, dtype=torch.int64),
-               torch.tensor([0, 1]), torch.zeros(2, dtype=torch.int64))
-    programs = {name: export(_Method(exported, defer), example, dynamic_shapes=dynamic, strict=False)
-                for name, defer in (("prefill", False), ("verify", True))}
+               torch.tensor([0, 1]), torch.ones(2, dtype=torch.int64))
+    modules = {"prefill": (_Prefill(exported), _Prefill(eager)), "verify": (_Verify(exported), _Verify(eager))}
+    n = {"prefill": 4, "verify": 5}  # inputs of each
+    programs = {name: export(m, example[:n[name]], dynamic_shapes=dynamic[:n[name]], strict=False)
+                for name, (m, _) in modules.items()}
     program = to_edge_transform_and_lower(programs).to_executorch(ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True), emit_mutable_buffer_names=True))
     loaded = Runtime.get().load_program(program.buffer)
     methods = {name: loaded.load_method(name) for name in programs}
-    calls = [  # (method, tokens, offsets, start_position, slots, committed)
-        ("prefill", [5, 17, 3, 99, 42, 8, 8], [0, 5, 7], [0, 0], [0, 2], [0, 0]),
-        ("verify", [8, 1, 2, 3, 4, 4], [0, 4, 6], [5, 2], [0, 2], [0, 0]),
-        ("verify", [2, 7, 7, 7], [0, 4], [7], [0], [2]),  # commits 2 of slot 0's 4 pending rows first
-        ("prefill", [9, 4], [0, 1, 2], [8, 4], [0, 2], [1, 2]),
+    calls = [  # (method, tokens, offsets, start_position, slots[, counts])
+        ("prefill", [5, 17, 3, 99, 42, 8, 8], [0, 5, 7], [0, 0], [0, 2]),
+        ("verify", [8, 1, 2, 3, 4, 4], [0, 4, 6], [5, 2], [0, 2], [2, 1]),  # slot 0 keeps 2 of its 4 rows
+        ("verify", [2, 7, 7, 7], [0, 4], [7], [0], [4]),  # commits them first
+        ("prefill", [9, 4, 3], [0, 1, 3], [11, 0], [0, 2]),  # slot 2: a new owner, from zero state
     ]
     for name, *args in calls:
         args = [torch.tensor(a) for a in args]
-        want = eager.logits(eager(*args, defer=name == "verify")[0])
+        want = modules[name][1](*args)
         got = methods[name].execute(args)[0]
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (name, (got - want).abs().max())
         assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), name
@@ -272,8 +291,7 @@ def test_taps_are_transformers_hidden_states():
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     want = model(prompt, output_hidden_states=True).hidden_states
     n = prompt.shape[1]
-    _, taps = mine(prompt[0], torch.tensor([0, n]), torch.tensor([0]), torch.tensor([0]), torch.tensor([0]),
-                   taps=(0, 2, 3))
+    _, taps = mine(prompt[0], torch.tensor([0, n]), torch.tensor([0]), torch.tensor([0]), taps=(0, 2, 3))
     for k, layer in enumerate((0, 2, 3)):
         got = taps[:, k * cfg.hidden_size:(k + 1) * cfg.hidden_size]
         assert torch.allclose(got, want[layer + 1][0], rtol=1e-4, atol=1e-5), layer
