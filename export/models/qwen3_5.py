@@ -1,6 +1,6 @@
 """Qwen3.5-family hybrid targets (transformers `qwen3_5` text model) over packed owners with
-per-slot state (issue #27): the model, checked against transformers itself, and exportable
-(a portable ExecuTorch program of it runs and matches it), and the target of portable DFlash programs.
+per-slot state (issue #27), checked against transformers itself; the target of portable DFlash
+programs (tests/export/test_hybrid_program.py: the exported program commits transformers' tokens).
 
 Architecture (transformers 5.18 `modeling_qwen3_5`, parameter names as there):
 - decoder layers of two kinds, `layer_types`: `linear_attention` (Gated DeltaNet) and

@@ -9,12 +9,14 @@ recurrent state kept for exactly the accepted rows); also in the C++ runner."""
 import io
 import subprocess
 
+import dflash_reference as ref
 import pytest
+import torch
 import yaml
 
 import hf_reference
 import runner_cli
-from dflash_et.export import builder, check, config, driver, exporter
+from dflash_et.export import builder, check, config, driver, exporter, models
 from dflash_et.export.config import ConfigError
 from dflash_et.export.models import Drafter, DrafterConfig, checkpoint_writer, layers, presets
 
@@ -91,6 +93,32 @@ def test_the_program_commits_transformers_greedy_tokens(pair, exported):
     assert max(a for s in runs["right drafts"].steps for a in s.acceptance) == BLOCK
     accepted = {a for s in runs["drafts wrong at every third"].steps for a in s.acceptance}
     assert accepted & set(range(2, BLOCK)), accepted  # commits of more than one row and fewer than a block
+
+
+@torch.no_grad()
+def test_drafts_are_z_labs_step_for_step(pair, exported):
+    """One owner, drafts right up to every third token: each step's drafts are z-lab's DFlash
+    forward (tests/dflash_reference.py, float64) over transformers' hidden states of the
+    committed tokens. So the taps of deferred verify rows reach the drafter's context right."""
+    _, model = pair
+    cfg, directory = exported
+    program = driver.Program.load(builder.build(cfg), directory)
+    owner = driver.Owner("solo", [7, 3, 58, 21, 90, 4], 20)
+    right = hf_reference.greedy(model, owner.prompt, owner.max_new)
+    run = driver.generate(program, [owner], oracle={"solo": [(t + 1) % VOCAB if i % 3 == 2 else t
+                                                              for i, t in enumerate(right)]})
+    assert run.tokens["solo"] == right
+    drafter, target = models.load_drafter(cfg.model, cfg.limits), models.load_target(cfg.model, cfg.limits)
+    seq = owner.prompt + right
+    hidden = model(torch.tensor([seq]), output_hidden_states=True).hidden_states  # layer i's output: [i + 1]
+    context = torch.cat([hidden[i + 1][0] for i in drafter.cfg.target_layer_ids], dim=-1)
+    done = 1  # tokens committed before the step (target_prefill's first)
+    for step in [s for s in run.steps if s.owners]:
+        start = len(owner.prompt) + done - 1  # the pending token's position
+        want = ref.drafter_logits(drafter, target, context[:start], seq[start], start).argmax(-1).tolist()
+        assert step.drafts[0] == want, (len(owner.prompt), done)
+        done += step.acceptance[0]
+    assert {a for s in run.steps for a in s.acceptance} & set(range(2, BLOCK + 1))
 
 
 def test_the_check_command_passes(exported):

@@ -222,65 +222,6 @@ def test_configs_name_what_transformers_would_fill_in(tmp_path):
         checkpoint.target_config(directory)  # the Llama-family reader names the right one
 
 
-class _Prefill(torch.nn.Module):
-    """A program method over the shared target whose rows advance the state."""
-
-    def __init__(self, target):
-        super().__init__()
-        self.target = target
-
-    def forward(self, tokens, offsets, start_position, slots):
-        return self.target.logits(self.target(tokens, offsets, start_position, slots)[0])
-
-
-class _Verify(_Prefill):
-    """A deferred call, then `accept` of each owner's `counts` (a DFlash verify takes them from its head)."""
-
-    def forward(self, tokens, offsets, start_position, slots, counts):
-        h, _ = self.target(tokens, offsets, start_position, slots, defer=True)
-        self.target.accept(slots, counts)
-        return self.target.logits(h)
-
-
-@torch.no_grad()
-def test_an_executorch_program_shares_the_state_and_matches_eager():
-    """The recurrence exports (one scan per layer and pass, traced once): a portable program
-    with a prefill and a verify method over one target, its state shared between them,
-    gives eager's logits through prefill, deferred verify and accept, calls that commit
-    first, and a new owner in a used slot."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.runtime import Runtime
-    from torch.export import Dim, export
-
-    model, cfg = hf_model(seed=6, layers=2)
-    exported, eager = ours(model, cfg), ours(model, cfg)
-    rows, owners = Dim("rows", min=1, max=16), Dim("owners", min=1, max=3)
-    dynamic = ({0: rows}, {0: owners + 1}, {0: owners}, {0: owners}, {0: owners})
-    example = (torch.zeros(5, dtype=torch.int64), torch.tensor([0, 2, 5]), torch.zeros(2, dtype=torch.int64),
-               torch.tensor([0, 1]), torch.ones(2, dtype=torch.int64))
-    modules = {"prefill": (_Prefill(exported), _Prefill(eager)), "verify": (_Verify(exported), _Verify(eager))}
-    n = {"prefill": 4, "verify": 5}  # inputs of each
-    programs = {name: export(m, example[:n[name]], dynamic_shapes=dynamic[:n[name]], strict=False)
-                for name, (m, _) in modules.items()}
-    program = to_edge_transform_and_lower(programs).to_executorch(ExecutorchBackendConfig(
-        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True), emit_mutable_buffer_names=True))
-    loaded = Runtime.get().load_program(program.buffer)
-    methods = {name: loaded.load_method(name) for name in programs}
-    calls = [  # (method, tokens, offsets, start_position, slots[, counts])
-        ("prefill", [5, 17, 3, 99, 42, 8, 8], [0, 5, 7], [0, 0], [0, 2]),
-        ("verify", [8, 1, 2, 3, 4, 4], [0, 4, 6], [5, 2], [0, 2], [2, 1]),  # slot 0 keeps 2 of its 4 rows
-        ("verify", [2, 7, 7, 7], [0, 4], [7], [0], [4]),  # commits them first
-        ("prefill", [9, 4, 3], [0, 1, 3], [11, 0], [0, 2]),  # slot 2: a new owner, from zero state
-    ]
-    for name, *args in calls:
-        args = [torch.tensor(a) for a in args]
-        want = modules[name][1](*args)
-        got = methods[name].execute(args)[0]
-        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (name, (got - want).abs().max())
-        assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), name
-
-
 @pytest.mark.quick
 @torch.no_grad()
 def test_taps_are_transformers_hidden_states():
