@@ -58,12 +58,12 @@ def key_to_value(key: torch.Tensor, pow2: torch.Tensor) -> torch.Tensor:  # [N] 
 
 
 def greedy(x: torch.Tensor) -> torch.Tensor:  # [N, V] sanitized -> [N] int64
-    """Lowest index holding the maximum; -1 for a row with no finite logit."""
-    vocab = x.shape[-1]
-    top = torch.amax(x, dim=-1, keepdim=True)
-    index = torch.arange(vocab, dtype=torch.int64, device=x.device)
-    first = torch.amin(torch.where(x == top, index, vocab), dim=-1)
-    return torch.where(top.squeeze(-1) > float("-inf"), first, -1)
+    """Lowest index holding the maximum; -1 for a row with no finite logit. (argmax takes the
+    first maximum in eager, in ExecuTorch's portable kernel and in Inductor; x has no NaN.
+    Both reductions read x itself, so a compiler can do them in one pass over the row: the
+    drafts of draft_forward are this over rows x vocab logits.)"""
+    top = torch.amax(x, dim=-1)
+    return torch.where(top > float("-inf"), torch.argmax(x, dim=-1), -1)
 
 
 def _largest_true(pred, lo: torch.Tensor, hi: torch.Tensor, rows: int | None) -> torch.Tensor:

@@ -14,7 +14,7 @@
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
-#                                   Compute (64 greedy owners, 4 new tokens), grouped by kind ($OUT/PROFILE.md)
+#                                   Compute (64 greedy owners, 17 new tokens: a step of 16 rows each), grouped by kind ($OUT/PROFILE.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
@@ -113,7 +113,7 @@ profile)
   [[ -f "$dir/model.pte" ]] || { echo "profile: no export in $dir: run runner-bench first, in the same call"; exit 1; }
   python3 -c "
 import random
-new = ${PROFILE_NEW:-4}
+new = ${PROFILE_NEW:-17}
 r = random.Random(0)
 for i in range(64):
     print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(16)) + f':max_new={new}:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
