@@ -9,7 +9,6 @@ The fixture exports the programs in subprocesses and builds the runner meanwhile
 build goes to a pytest temporary directory, so a fresh clone builds it here)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

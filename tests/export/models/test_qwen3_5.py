@@ -5,6 +5,7 @@ a used slot starts from zero state."""
 
 import pytest
 import torch
+
 import hf_reference
 from hf_reference import transformers
 
