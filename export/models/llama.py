@@ -116,7 +116,19 @@ def output_weight(embed_tokens: nn.Embedding, lm_head: nn.Linear | None) -> torc
     return embed_tokens.weight if lm_head is None else lm_head.weight
 
 
-class Target(nn.Module):
+class OutputHead:
+    """The logits of a target with `model.embed_tokens`, `model.norm` and `lm_head` (None when
+    tied): shared by this target and the Qwen3.5 hybrid."""
+
+    @property
+    def output_weight(self) -> torch.Tensor:  # [V, hidden]
+        return output_weight(self.model.embed_tokens, self.lm_head)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
+        return F.linear(self.model.norm(h), self.output_weight)
+
+
+class Target(OutputHead, nn.Module):
     """The target LLM with `slots` KV slots of `max_seq_len` positions (+ one scratch slot)."""
 
     def __init__(self, cfg: TargetConfig, slots: int, max_seq_len: int, dtype: torch.dtype = torch.float32):
@@ -128,13 +140,6 @@ class Target(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         layers.cast_parameters(self, dtype)  # the RoPE table stays float32
-
-    @property
-    def output_weight(self) -> torch.Tensor:  # [V, hidden]
-        return output_weight(self.model.embed_tokens, self.lm_head)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
-        return F.linear(self.model.norm(h), self.output_weight)
 
     def forward(
         self,

@@ -312,7 +312,7 @@ class Backbone(nn.Module):
         self.norm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class HybridTarget(nn.Module):
+class HybridTarget(llama.OutputHead, nn.Module):
     """The hybrid target with `slots` slots of `max_seq_len` positions (+ the scratch slot),
     calls of at most `max_rows` rows, and deferred calls of at most `pending_rows` rows per
     owner (a verify call's block)."""
@@ -328,13 +328,6 @@ class HybridTarget(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         layers.cast_parameters(self, dtype)
-
-    @property
-    def output_weight(self) -> torch.Tensor:  # [V, hidden]
-        return llama.output_weight(self.model.embed_tokens, self.lm_head)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:  # [N, hidden] pre-norm -> [N, V]
-        return F.linear(self.model.norm(h), self.output_weight)
 
     def forward(
         self,
