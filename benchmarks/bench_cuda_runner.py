@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=48, help="tokens to generate per owner")
     ap.add_argument("--jobs", type=lambda t: None if t == "auto" else int(t), default=None,
                     help="compile the methods in N worker processes (export --jobs; default auto)")
+    ap.add_argument("--mix", choices=tuple(MIXES), default="mixed",
+                    help="the owners' sampling parameters (sampling programs; greedy programs take greedy)")
     ap.add_argument("--out", help="also write the table here")
     args = ap.parse_args(argv)
 
@@ -81,9 +83,9 @@ def main(argv=None) -> int:
     if longest + args.new > c["max_seq_len"]:
         ap.error(f"prompts up to {longest} + {args.new} new tokens do not fit max_seq_len {c['max_seq_len']}")
     lengths = torch.randint(args.prompt, longest + 1, (n,), generator=g).tolist()
+    params = MIXES[args.mix if sampling else "greedy"]
     owners = [driver.Owner(f"owner{i}", torch.randint(0, c["vocab_size"], (lengths[i],), generator=g).tolist(),
-                           args.new, temperature=0.8 if sampling and i % 2 else 0.0, top_k=40 if i % 4 == 1 else 0,
-                           top_p=0.95 if i % 4 == 3 else 1.0, seed=i) for i in range(n)]
+                           args.new, **params[i % len(params)], seed=i) for i in range(n)]
     listed = tempfile.NamedTemporaryFile("w", suffix=".owners", delete=False)  # 64 long prompts: too long
     with listed:  # for a command line
         listed.write("".join(runner_cli.owner_spec(o) + "\n" for o in owners))
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
     lines = [f"# {args.config} in the C++ CUDA runner",
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
              f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
-             f"(half greedy, half T 0.8 with top-k 40 / top-p 0.95 / neither), block {c['block_size']}", "",
+             f"({MIX_TEXT[args.mix if sampling else 'greedy']}), block {c['block_size']}", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
     timings = {}
@@ -116,6 +118,17 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0)
+MIXES = {  # owner i takes entry i % len: the heads' cost per kind of owner, apart or mixed
+    "mixed": [GREEDY, dict(temperature=0.8, top_k=40, top_p=1.0), GREEDY, dict(temperature=0.8, top_k=0, top_p=0.95)],
+    "greedy": [GREEDY],
+    "temperature": [dict(temperature=0.8, top_k=0, top_p=1.0)],
+    "top-p": [dict(temperature=1.0, top_k=0, top_p=0.95)],
+}
+MIX_TEXT = {"mixed": "half greedy, half T 0.8 with top-k 40 / top-p 0.95", "greedy": "every owner greedy",
+            "temperature": "every owner T 0.8", "top-p": "every owner T 1.0, top-p 0.95"}
 
 
 def roofline_lines(cfg, owners: int, cells: list[float], timings: dict) -> list[str]:
