@@ -95,6 +95,7 @@ def main(argv=None) -> int:
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
              f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
              f"({MIX_TEXT[args.mix if sampling else 'greedy']}), block {c['block_size']}", "",
+             "(a method's us, then in brackets its host us: until the call returned, before the GPU finished)", "",
              "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
              "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
     timings = {}
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
             got = runner_cli.parse(done.stdout)
             t = timings[mode] = {m: v["median_us"] for m, v in got["timing"].items()}
             right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
-            lines.append(f"| {mode} | {t.get('draft_forward', 0):.0f} | {t['target_verify']:.0f} | {t['step']:.0f} | "
+            lines.append(f"| {mode} | {with_host(t, 'draft_forward')} | {with_host(t, 'target_verify')} | {t['step']:.0f} | "
                          f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
     finally:
         Path(listed.name).unlink()
@@ -118,6 +119,13 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def with_host(t: dict, method: str) -> str:
+    """`method`'s median us with its host part (`<method>.host`), or '-' where it did not run."""
+    if method not in t:
+        return "-"
+    return f"{t[method]:.0f} ({t[method + '.host']:.0f})"
 
 
 GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0)

@@ -142,7 +142,8 @@ ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
   --target-only    verify the pending token alone (plain decoding, no drafts): the tokens
                    must be the same as the speculative loop's
   --drafts         also print every step's draft_forward drafts
-  --timing         also print per-method call times (median, mean) and committed tokens per second
+  --timing         also print per-method call times (median, mean; <method>.host: until the call
+                   returned to the host, before the GPU finished) and committed tokens per second
   --no-shared-state  CUDA build, diagnostic only: load the methods without sharing their state, so
                    target_verify does not see the caches target_prefill wrote (the tokens are then
                    wrong; the GPU test uses this to show that the sharing is what makes them right)
@@ -466,8 +467,13 @@ class DFlashProgram {
     auto out = module_->execute(method, args);
     if (!out.ok()) failed(method + " failed (" + error_name(out.error()) + ")");
     if (timing_) {
+      // "<method>.host": until execute returns (input copies, launches, any sync inside the
+      // method); near the whole call's time, the host bounds the method, not the GPU.
+      const auto launched = std::chrono::steady_clock::now();
       synchronize();  // the GPU work, not just its launch
-      times[method].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+      const auto done = std::chrono::steady_clock::now();
+      times[method].push_back(std::chrono::duration<double, std::micro>(done - start).count());
+      times[method + ".host"].push_back(std::chrono::duration<double, std::micro>(launched - start).count());
     }
     if (out->size() != num_outputs) {
       failed(method + " returned " + std::to_string(out->size()) + " outputs, expected " + std::to_string(num_outputs));
