@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
-from dflash_et.kernels import cached_attention, sample_rows, verify
+from dflash_et.kernels import cached_attention, greedy_rows, sample_rows, verify
 from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launch_config, prefix_chunks, scratch_width,
                                       split_rows)
 
@@ -168,6 +168,8 @@ def main(argv=None) -> int:
                 f"verify_accept {logits} greedy={greedy}", verify.verify_accept_kernel, logits,
                 dict(GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf, WORK=work, SPLITS=verify_splits,
                      BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), decide.warps, greedy)
+        ok &= compile_one(f"greedy_rows {logits}", greedy_rows.greedy_rows_kernel, logits,
+                          dict(BLOCK=decide.block, STAGES=decide.stages), decide.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
             dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages),

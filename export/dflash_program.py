@@ -23,7 +23,7 @@ from torch import nn
 from . import heads, methods, models, sampling
 from .config import ConfigError, ExportConfig
 from .methods import MethodSpec, ProgramSpec, TensorSpec
-from .models import dflash, llama, packing
+from .models import dflash, layers, llama, packing
 
 F32, I64 = torch.float32, torch.int64
 
@@ -189,6 +189,7 @@ class DraftForward(nn.Module):
         self.lm_head = target.lm_head  # None when tied to the embedding
         self.mask_token_id = drafter.cfg.mask_token_id
         self.vocab_size = target.cfg.vocab_size
+        self.greedy_rows = layers.GreedyRows()  # the drafts' argmax (dflash::greedy_rows in CUDA programs)
 
     def forward(
         self,
@@ -211,7 +212,7 @@ class DraftForward(nn.Module):
         )
         block = torch.cat([torch.clamp(pending, 0, self.vocab_size - 1).unsqueeze(1), masks], dim=1)
         states = d.block(self.embed_tokens(block), start_position, slots)
-        return dflash.draft_tokens(states, llama.output_weight(self.embed_tokens, self.lm_head))
+        return dflash.draft_tokens(states, llama.output_weight(self.embed_tokens, self.lm_head), self.greedy_rows)
 
 
 def build(cfg: ExportConfig) -> ProgramSpec:

@@ -7,15 +7,17 @@ Importing this package registers the ops (it needs triton). One module per head:
 top-p lists, wide nuclei), `dense_collect` (whole-row collects), `split_walk` (those
 collects shared out over the programs of dflash_verify's decision launch) and `launch` (block
 sizes, scratch, input checks). Beside the heads: `cached_attention`, attention over each
-row's own cells of a KV cache (issue #26; swapped in by `lowering.fused_attention`).
+row's own cells of a KV cache (issue #26; swapped in by `lowering.fused_attention`), and
+`greedy_rows`, the drafts' argmax (swapped in with the heads).
 """
 
 import torch
 
 from ..export.heads import HEADS
-from . import cached_attention, sample_rows, verify, verify_argmax  # noqa: F401 (registers the ops)
+from . import cached_attention, greedy_rows, sample_rows, verify, verify_argmax  # noqa: F401 (registers the ops)
 
-_HEAD_MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax}
+_HEAD_MODULES = {"sample_rows": sample_rows, "dflash_verify": verify, "dflash_verify_argmax": verify_argmax,
+                 "greedy_rows": greedy_rows}
 
 
 def _head_support(module):
@@ -36,4 +38,5 @@ def _attention_support(inputs: list[torch.Tensor]) -> str | None:
 # (fused op `dflash::<name>`, unsupported(inputs): None, or why the kernel does not take these
 # inputs). The lowering pass reads this.
 OPS = {**{name: (getattr(torch.ops.dflash, name).default, _head_support(_HEAD_MODULES[name])) for name in HEADS},
-       "cached_attention": (torch.ops.dflash.cached_attention.default, _attention_support)}
+       "cached_attention": (torch.ops.dflash.cached_attention.default, _attention_support),
+       "greedy_rows": (torch.ops.dflash.greedy_rows.default, _head_support(greedy_rows))}

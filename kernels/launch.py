@@ -135,7 +135,7 @@ def check_inputs(op: str, logits: torch.Tensor, **named: torch.Tensor) -> None:
     if logits.stride(-1) != 1:
         raise ValueError(f"dflash::{op}: logits rows must be contiguous (stride(-1) == 1); "
                          "call .contiguous()")
-    want = {a.name: a for a in HEADS[op].inputs}
+    want = {a.name: a for a in HEADS[op].inputs} if named else {}  # (greedy_rows: logits only)
     for name, t in named.items():
         arg = want[name]
         if t.dtype != arg.dtype:

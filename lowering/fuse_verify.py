@@ -1,5 +1,6 @@
 """Swap each verify head's ATen subgraph for one call to its fused `dflash::` op (and, asked
-for by name, each `layers.CachedAttention` for `dflash::cached_attention`).
+for by name, each `layers.CachedAttention` for `dflash::cached_attention`, each
+`layers.GreedyRows` for `dflash::greedy_rows`).
 
 A head is found by its module, never by op patterns: every node traced inside a
 head module carries that module (path and class) in `nn_module_stack`, and while
@@ -48,6 +49,7 @@ REGIONS = {
     "cached_attention": Region(layers.CachedAttention, ((None, 3), (None, 4), (None, 4), (torch.int64, 1),
                                                         (torch.int64, 1), (torch.int64, 1)), 1,
                                "lowering.fused_attention: false"),
+    "greedy_rows": Region(layers.GreedyRows, ((None, 2),), 1, "lowering.fused_verify: false"),  # the drafts' argmax
 }
 
 

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import sampling
 from . import layers, packing
 
 
@@ -203,7 +202,8 @@ class Drafter(nn.Module):
 def draft_tokens(
     states: torch.Tensor,  # [O, L, hidden]: Drafter.block output
     output_weight: torch.Tensor,  # [V, hidden]: the target's lm_head
+    greedy: layers.GreedyRows,  # the argmax (a submodule of the caller: a CUDA export fuses it)
 ) -> torch.Tensor:  # [O, L - 1] int64: argmax drafts for block positions 1 .. L-1
     owners, length, hidden = states.shape
     logits = F.linear(states[:, 1:].reshape(owners * (length - 1), hidden), output_weight)
-    return sampling.greedy(sampling.sanitize(logits)).view(owners, length - 1)
+    return greedy(logits).view(owners, length - 1)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import sampling
 from ..boundary import mark
 
 
@@ -218,6 +219,20 @@ class CachedAttention(nn.Module):
                      allowed.view(rows // g, g, -1)).view(rows, heads * dim)
         (out,) = mark("cached_attention", "outputs", torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0))
         return out
+
+
+class GreedyRows(nn.Module):
+    """Each row's greedy token: `sampling.greedy` of the sanitized row (the lowest index of
+    the maximum, NaN as -inf, +inf as FLT_MAX; -1 for a row with no finite logit). The
+    drafter's drafts are this over rows x vocab logits. A CUDA export with
+    `lowering.fused_verify` swaps this module for `dflash::greedy_rows`, one pass over each
+    row (lowering/fuse_verify.py); here, and in CPU programs, the plain reduction. While
+    exporting it marks its input and its result (export/boundary.py), as the heads do."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
+        (logits,) = mark("greedy_rows", "inputs", logits)
+        (token,) = mark("greedy_rows", "outputs", sampling.greedy(sampling.sanitize(logits)))
+        return token
 
 
 def _flat(x: torch.Tensor, shape: tuple) -> torch.Tensor:

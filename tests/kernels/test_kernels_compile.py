@@ -28,7 +28,7 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [x for x in run.stdout.splitlines() if "REG:" in x]
-    assert len(lines) == 11 and all(f"*{logits}" in x for x in lines), lines  # verify 6, sample_rows 3, attention 2
+    assert len(lines) == 12 and all(f"*{logits}" in x for x in lines), lines  # verify 6, greedy_rows, sample_rows 3, attention 2
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
 
@@ -74,7 +74,7 @@ def test_kernels_compile_with_vocab_as_a_constant():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
                           "--ttir", "--logits", "fp16"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 11, run.stdout  # as above
+    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 12, run.stdout  # as above
 
 
 def test_kernel_sources_survive_inductors_source_file():
@@ -106,7 +106,7 @@ print("kernels", seen)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert int(run.stdout.split()[-1]) == 6, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1
+    assert int(run.stdout.split()[-1]) == 7, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1, greedy_rows 1
 
 
 def test_torch_mutation_analysis_reads_every_kernel():

@@ -29,12 +29,14 @@ def test_every_head_of_every_method_is_fused(fused):
     head = "dflash_verify" if cfg.variant == "sampling" else "dflash_verify_argmax"
     assert report["target_verify"] == [f"{head}@verify"]
     assert report[head] == [f"{head}@<root>"]
+    assert report["draft_forward"] == ["greedy_rows@greedy_rows"]  # the drafts' argmax
     if cfg.variant == "sampling":
         assert report["target_prefill"] == ["sample_rows@sample"]
         assert report["sample_rows"] == ["sample_rows@<root>"]
     for name, ep in programs.items():
         left = [n for n in ep.graph.nodes if n.op == "call_function"
-                and any("export.heads." in str(c) for _, c in (n.meta.get("nn_module_stack") or {}).values())
+                and any("export.heads." in str(c) or "GreedyRows" in str(c)
+                        for _, c in (n.meta.get("nn_module_stack") or {}).values())
                 and "dflash" not in str(n.target) and "getitem" not in str(n.target)]
         assert left == [], (name, [n.name for n in left[:5]])
 
@@ -92,6 +94,7 @@ def test_fused_attention_reads_the_same_cells_and_commits_the_eager_tokens():
         attention = [op for op in ops if op == "dflash.cached_attention.default"]
         assert len(attention) == count, (name, ops)
         assert len([r for r in report[name] if r.startswith("cached_attention@")]) == count, report[name]
+        assert ops.count("dflash.greedy_rows.default") == (name == "draft_forward"), (name, ops)
         assert not any("scaled_dot_product" in op or "head_boundary" in op for op in ops), name
     graphs = graph_program(spec, programs, device=DEVICE)
     eager = driver.Program.eager(builder.build(cfg))
