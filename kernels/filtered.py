@@ -373,9 +373,10 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             reach = ~small & (count >= 0) & (count <= 2 * BUF)
             if top_p_alone & reach:
                 reach = _candidate_mass(buf_ptr, count, x_max, temperature) >= target
-            if ~small & (count >= 0) & (count <= BUF) & ~top_p_alone:
-                token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
-                                        listed(buf_ptr, count, BUF, BUF))
+            # A top-k row whose list fits the buffer is decided from the list when the list holds
+            # the whole top-k set (`decide_filtered` with V standing in for the finite count and
+            # want = k: min(k, V) <= min(count, k)); otherwise from a pass over the row below.
+            from_list = ~small & (count >= 0) & (count <= BUF) & ~top_p_alone & (count >= tl.minimum(k, vocab))
             wide = tl.zeros((), dtype=tl.int1)  # the bins show the CAP best tokens short of the target
             if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
@@ -392,13 +393,23 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 if n > 0:
                     token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
                                           top_p, mass, u, arg, vocab, 2 * BUF)
-            if (token == -4) & ~wide:  # no bound, too many candidates, or a top-p prefix short of the target:
-                # the CAP best tokens (a flat top-p row, which they cannot decide, skips this pass and the sorts)
-                count, finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
-                slots = tl.arange(0, BUF)
-                tl.debug_barrier()  # the buffer was written by other threads
-                packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
-                token = decide_filtered(temperature, top_p, u, x_max, finite, mass, k, want, count, use_k, use_p, packed)
+            # No bound, too many candidates, a list short of the top-k set, or a top-p prefix short of
+            # the target: the CAP best tokens (a flat top-p row, which they cannot decide, skips this
+            # pass and the sorts).
+            rescan = (token == -4) & ~wide & ~from_list
+            if from_list | rescan:  # one call site: the decision's sorts of BUF entries compiled once
+                if rescan:
+                    count, n_finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
+                    slots = tl.arange(0, BUF)
+                    tl.debug_barrier()  # the buffer was written by other threads
+                    packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
+                    n_want = want
+                else:
+                    packed = listed(buf_ptr, count, BUF, BUF)
+                    n_finite = vocab + tl.zeros((), dtype=tl.int64)
+                    n_want = k
+                token = decide_filtered(temperature, top_p, u, x_max, n_finite, mass, k, n_want, count, use_k, use_p,
+                                        packed)
             if token == -4:  # the key searches over the row
                 token = slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass, k, use_k, use_p, lo_p, hi_p,
                                    BLOCK)

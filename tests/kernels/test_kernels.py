@@ -595,6 +595,32 @@ def test_spread_top_p_rows_take_the_bracketed_key_searches(monkeypatch):
         _check_verify(owners, verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS], cap=8, block=16))
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
+def test_top_k_lists_holding_the_top_k_set_are_decided_without_a_pass_over_the_row(monkeypatch):
+    """A top-k row (with or without top-p) whose collected list holds more than the small
+    decision's 256 entries, the whole top-k set among them (V = 1000 over 256 lanes: the k-th
+    lane maximum bounds 300-800 tokens), is decided from the list: no `scan_row` pass (here
+    one that returns no candidates, which would decide them wrongly); parity through
+    sample_rows and dflash_verify."""
+    @triton.jit
+    def no_scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+        zero = tl.zeros((), dtype=tl.int64)
+        return zero, zero
+
+    monkeypatch.setattr(filtered, "scan_row", no_scan_row)
+    g = torch.Generator().manual_seed(47)
+    n, vocab = 6, 1000
+    top_k = torch.tensor([200, 250, 230, 220, 245, 240])  # <= 256 lanes: a bound; its list > 256 tokens
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.9, 0.95, 0.8])
+    inp = _to({"logits": torch.randn(n, vocab, generator=g) * 2, "position": torch.arange(n) * 5,
+               "temperature": torch.full((n,), 0.8), "top_k": top_k, "top_p": top_p, "seed": torch.arange(n) + 70})
+    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS])) == 0
+    owners = _to({"logits": inp["logits"].cpu(), "tokens": torch.randint(0, vocab, (n,), generator=g),
+                  "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 5,
+                  "temperature": inp["temperature"].cpu(), "top_k": top_k, "top_p": top_p, "seed": inp["seed"].cpu()})
+    _check_verify(owners, verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS]))
+
+
 @pytest.mark.parametrize("step", [16, 32])
 def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, monkeypatch):
     """dflash_verify reads every row in its first launch and leaves a top-p row's lanes in
