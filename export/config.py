@@ -99,8 +99,8 @@ class LoweringConfig:
     ExecuTorch's default (`max_autotune`: every pointwise and reduction kernel's launch
     configs are benchmarked too, a slower export). `fused_attention`: swap the target's
     and the drafter's attention (every row gathers its whole KV slot) for
-    `dflash::cached_attention`, which reads only the cells each row sees (issue #26; off by
-    default until measured in a program on a GPU)."""
+    `dflash::cached_attention`, which reads only the cells each row sees (issue #26; off
+    unless a config sets it, as the qwen3-smoke CUDA configs do)."""
 
     fused_verify: bool = True
     autotune: str = "gemm"
