@@ -92,7 +92,8 @@ class LimitsConfig:
 @dataclass(frozen=True)
 class LoweringConfig:
     """CUDA only. `fused_verify`: swap each verify head, and the drafts' argmax
-    (`dflash::greedy_rows`), for its fused Triton op before AOTInductor. `autotune`: what AOTInductor benchmarks while compiling; `none` times
+    (`dflash::greedy_rows`), for its fused Triton op before AOTInductor. `autotune`: what
+    AOTInductor benchmarks while compiling; `none` times
     nothing (each GEMM takes the first Triton template config, inductor's deterministic
     mode: the fastest export, for check-sized models), `gemm` times the Triton GEMM
     templates only (every other kernel takes inductor's heuristic launch config), `full` is

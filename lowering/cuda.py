@@ -161,10 +161,10 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
 
 
 def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
-    """Fuse every method's verify heads and the drafts' argmax (`lowering.fused_verify`) and the target's
-    and drafter's attention
-    (`lowering.fused_attention`), then strip the boundary markers of what stays plain ATen, so
-    that goes into the delegate. Returns the fused regions by method."""
+    """Fuse every method's verify heads and the drafts' argmax (`lowering.fused_verify`) and the
+    target's and drafter's attention (`lowering.fused_attention`), then strip the boundary
+    markers of what stays plain ATen, so that goes into the delegate. Returns the fused
+    regions by method."""
     modules = {m.name: m.module for m in spec.methods}
     fused = {name: [] for name in programs}
     for on, kinds in ((cfg.lowering.fused_verify, (*HEADS, "greedy_rows")),
