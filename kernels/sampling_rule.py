@@ -41,6 +41,7 @@ from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, u
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
+SEARCH_PROBES = tl.constexpr(4)  # `_search_candidates`' probes per round: log5(V) rounds (8 at V = 151936)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
 FLT_MAX_KEY = tl.constexpr(4286578687)  # the unsigned key of FLT_MAX (a sanitized +inf)
 KEY_TOP = tl.constexpr(4294967295)  # the largest unsigned key (no upper bound on a cut)
@@ -579,21 +580,29 @@ def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass
 
 
 @triton.jit
-def _search_candidates(packed, kept, x_max, temperature, u, BUF: tl.constexpr):
-    """Step 7 on kept candidates (registers): re-sort them by index, walk the prefix."""
-    rank = tl.arange(0, BUF)
+def _search_candidates(packed, kept, x_max, temperature, u):
+    """Step 7 on kept candidates (registers): the smallest kept index whose inclusive prefix
+    mass in index order exceeds t = u * S, found by a search over the index (SEARCH_PROBES
+    probes per round, one masked sum of the kept weights each, in one reduction), else the
+    largest kept index of positive weight (SPEC.md's rounding rule: the search starts there
+    and moves below it only where a prefix exceeds t). No second sort (by index): a sort
+    network of BUF entries is hundreds of compare-and-swap steps of IR, and Triton's layout
+    passes grow with the square of a kernel's size (without it, the sm_90 compile of each
+    kernel that decides filtered rows takes half the time; RESULTS.md). The prefixes are
+    sums in another order than a running sum's: SPEC.md's legal difference (within
+    1e-6 * S of t)."""
     index = 0xFFFFFFFF - (packed & 0xFFFFFFFF)
-    key = (packed >> 32).to(tl.int32)
-    e = tl.where(kept, weight(key_value(key), x_max, temperature), 0.0).to(tl.float64)
+    e = tl.where(kept, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature), 0.0).to(tl.float64)
     t = u.to(tl.float64) * tl.sum(e, 0)
-    by_index = tl.sort(tl.where(kept, (index << 32) | (key.to(tl.int64) & 0xFFFFFFFF), INT64_MAX), 0)
-    live = rank < tl.sum(kept.to(tl.int32), 0)
-    e2 = tl.where(live, weight(key_value((by_index & 0xFFFFFFFF).to(tl.int32)), x_max, temperature), 0.0)
-    prefix = tl.cumsum(e2.to(tl.float64), 0)
-    pos = tl.min(tl.where(live & (prefix > t), rank, BUF), 0)
-    last = tl.max(tl.where(live & (e2 > 0), rank, -1), 0)
-    pos = tl.where(pos < BUF, pos, last)
-    return tl.sum(tl.where(rank == pos, by_index >> 32, 0), 0)
+    lo = tl.zeros((), dtype=tl.int64) - 1  # prefix(lo) <= t (none below index 0)
+    hi = tl.max(tl.where(kept & (e > 0), index, -1), 0)  # prefix(hi) > t, or hi is the rounding rule's token
+    probe = 1 + tl.arange(0, SEARCH_PROBES)
+    while hi - lo > 1:  # (hi - lo) / (SEARCH_PROBES + 1) per round, each round one reduction
+        mids = tl.minimum(lo + tl.maximum((hi - lo) // (SEARCH_PROBES + 1), 1) * probe, hi - 1)
+        above = tl.sum(tl.where(index[:, None] <= mids[None, :], e[:, None], 0.0), 0) > t
+        hi = tl.min(tl.where(above, mids, hi), 0)
+        lo = tl.max(tl.where(above, lo, mids), 0)
+    return hi
 
 
 @triton.jit
@@ -677,5 +686,5 @@ def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, cou
     resolved = whole_k | (~use_k & use_p & reach)
     token = tl.zeros((), dtype=tl.int64) - 4
     if resolved:
-        token = _search_candidates(packed, kept, x_max, temperature, u, BUF)
+        token = _search_candidates(packed, kept, x_max, temperature, u)
     return token
