@@ -586,11 +586,11 @@ def _search_candidates(packed, kept, x_max, temperature, u):
     probes per round, one masked sum of the kept weights each, in one reduction), else the
     largest kept index of positive weight (SPEC.md's rounding rule: the search starts there
     and moves below it only where a prefix exceeds t). No second sort (by index): a sort
-    network of BUF entries is tens of compare-and-swap stages, hundreds of IR operations, and the work of
-    Triton's coalescing passes grows with memory operations x kernel size (without the sort,
-    each kernel that decides filtered rows compiles for sm_90 in about half the time;
-    RESULTS.md). The prefixes are sums in another order than a running sum's: SPEC.md's
-    legal difference (within 1e-6 * S of t)."""
+    network of BUF entries is tens of compare-and-swap stages, hundreds of IR operations,
+    and the work of Triton's coalescing passes grows with memory operations x kernel size
+    (without the sort, each kernel that decides filtered rows compiles for sm_90 in about
+    half the time; RESULTS.md). The prefixes are sums in another order than a running
+    sum's: SPEC.md's legal difference (within 1e-6 * S of t)."""
     index = 0xFFFFFFFF - (packed & 0xFFFFFFFF)
     e = tl.where(kept, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature), 0.0).to(tl.float64)
     t = u.to(tl.float64) * tl.sum(e, 0)
