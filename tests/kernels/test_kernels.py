@@ -568,6 +568,13 @@ def test_counting_pass_brackets_the_top_p_cut(dtype):
     assert float(span.max()) < 2.0, span.tolist()
 
 
+@triton.jit
+def _no_scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+    """A `scan_row` that finds no candidates: a row that takes the general path is decided wrongly."""
+    zero = tl.zeros((), dtype=tl.int64)
+    return zero, zero
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a jit helper: interpreter only")
 def test_spread_top_p_rows_take_the_bracketed_key_searches(monkeypatch):
     """Top-p-alone rows spread over many bins (std 2 and 4 at T = 0.8), cap 8: their nuclei
@@ -575,12 +582,7 @@ def test_spread_top_p_rows_take_the_bracketed_key_searches(monkeypatch):
     searches and no `scan_row` pass runs (the bins show the 8 best short of the target: a
     `scan_row` that returns no candidates here would decide them wrongly); parity through
     sample_rows and dflash_verify, float32 and bfloat16."""
-    @triton.jit
-    def no_scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-        zero = tl.zeros((), dtype=tl.int64)
-        return zero, zero
-
-    monkeypatch.setattr(filtered, "scan_row", no_scan_row)
+    monkeypatch.setattr(filtered, "scan_row", _no_scan_row)
     g = torch.Generator().manual_seed(43)
     n, vocab = 16, 300
     logits = torch.randn(n, vocab, generator=g) * torch.tensor([2.0, 4.0]).repeat(n // 2)[:, None]
@@ -602,12 +604,7 @@ def test_top_k_lists_holding_the_top_k_set_are_decided_without_a_pass_over_the_r
     lane maximum bounds 300-800 tokens), is decided from the list: no `scan_row` pass (here
     one that returns no candidates, which would decide them wrongly); parity through
     sample_rows and dflash_verify."""
-    @triton.jit
-    def no_scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-        zero = tl.zeros((), dtype=tl.int64)
-        return zero, zero
-
-    monkeypatch.setattr(filtered, "scan_row", no_scan_row)
+    monkeypatch.setattr(filtered, "scan_row", _no_scan_row)
     g = torch.Generator().manual_seed(47)
     n, vocab = 6, 1000
     top_k = torch.tensor([200, 250, 230, 220, 245, 240])  # <= 256 lanes: a bound; its list > 256 tokens
