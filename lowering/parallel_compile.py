@@ -50,6 +50,7 @@ import torch
 from .errors import LoweringError
 
 LOG_TAIL = 4000  # characters of a failed worker's log in the error
+SUMMARY_CHUNK = 1 << 24  # elements per float64 step of `tensor_summary`
 
 
 def fingerprint_parts(program, compile_specs) -> dict[str, str]:
@@ -74,6 +75,31 @@ def fingerprint_parts(program, compile_specs) -> dict[str, str]:
     return parts
 
 
+def tensor_summaries(program) -> dict[str, str]:
+    """Each weight or constant's `tensor_summary`, by its fingerprint part's name: what
+    `differences` shows of a tensor whose bytes differ (display only, never compared: a sum
+    in another order may differ in its last bits)."""
+    tensors = {**program.state_dict, **program.constants}
+    return {f"tensor {name}": tensor_summary(tensors[name]) for name in sorted(tensors)}
+
+
+def tensor_summary(t) -> str:
+    """Shape, dtype, and the float64 sum and largest magnitude of the values, e.g.
+    "(256, 128) torch.float32 sum 1.25 max|x| 1" (two tensors that differ in a few bits
+    usually differ in the sum too; NaN shows as nan)."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    text = f"{tuple(t.shape)} {t.dtype}"
+    if t.numel() and not t.is_complex() and t.dtype != torch.bool:
+        flat, total, peak = t.detach().reshape(-1), 0.0, 0.0
+        for start in range(0, flat.numel(), SUMMARY_CHUNK):  # (a KV cache of tens of GB: no float64 copy of it)
+            x = flat[start:start + SUMMARY_CHUNK].to(torch.float64)
+            most = x.abs().max().item()
+            total, peak = total + x.sum().item(), most if most != most else max(peak, most)  # (NaN stays)
+        text += f" sum {total!r} max|x| {peak!r}"
+    return text
+
+
 def fingerprint_of(parts: dict[str, str]) -> str:
     """One hash of a `fingerprint_parts`: equal exactly when every part is."""
     return _digest(*(f"{k}={v}".encode() for k, v in sorted(parts.items())))
@@ -94,20 +120,34 @@ def _digest(*chunks: bytes) -> str:
 
 @dataclasses.dataclass
 class Compiled:
-    """A worker's compile: its method, the backend's result, its input's fingerprint parts
-    and graph code."""
+    """A worker's compile: its method, the backend's result, its input's fingerprint parts,
+    graph code and tensor summaries."""
     method: str
     result: object
     parts: dict[str, str]
     codes: dict[str, str]
+    summaries: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def differences(mine: dict[str, str], my_codes: dict[str, str], theirs: Compiled, limit: int = 6) -> str:
+def differences(mine: dict[str, str], my_codes: dict[str, str], theirs: Compiled, limit: int = 6,
+                my_summaries: dict[str, str] | None = None) -> str:
     """Where an input differs from a worker's: the differing parts, e.g. "graph <root>,
-    tensor p_w (and 3 more)", and the first differing line of the first differing graph."""
+    tensor p_w [here (4,) torch.float32 sum 1.0 max|x| 1.0, the worker's (4,) ... sum 2.0
+    ...] (and 3 more)" (a tensor's summaries where both sides have one), and the first
+    differing line of the first differing graph."""
     names = sorted(k for k in mine.keys() | theirs.parts.keys() if mine.get(k) != theirs.parts.get(k))
-    said = [n + ("" if n in mine and n in theirs.parts else " (only here)" if n in mine else " (only the worker's)")
-            for n in names[:limit]]
+    my_summaries = my_summaries or {}
+
+    def shown(name: str) -> str:
+        if name not in theirs.parts:
+            return name + " (only here)"
+        if name not in mine:
+            return name + " (only the worker's)"
+        if name in my_summaries and name in theirs.summaries:
+            return f"{name} [here {my_summaries[name]}, the worker's {theirs.summaries[name]}]"
+        return name
+
+    said = [shown(n) for n in names[:limit]]
     text = ", ".join(said) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
     for name in names:
         if name in my_codes and name in theirs.codes:
@@ -195,8 +235,8 @@ class Workers:
         for seconds in found["seconds"]:
             self.say(f"{method}: compiled in {seconds:.1f}s by its worker "
                      f"({time.perf_counter() - start:.1f}s with the worker's start)")
-        return {fingerprint_of(parts): Compiled(method, result, parts, codes)
-                for parts, codes, result in found["results"]}
+        return {fingerprint_of(parts): Compiled(method, result, parts, codes, summaries)
+                for parts, codes, summaries, result in found["results"]}
 
     def take(self, parts: dict[str, str]) -> "Compiled | None":
         """The workers' result for the input with fingerprint parts `parts`, or None when none
@@ -253,7 +293,9 @@ def compiled_by_workers(methods: list[str], backend, producer: tuple[str, dict],
                 if found is None:
                     named = [bytes(c.value).decode(errors="replace") for c in compile_specs if c.key == "method_name"]
                     method = named[0] if named else None
-                    why = [differences(parts, graph_codes(edge_program), c) for c in workers.unmatched(method)]
+                    unmatched = workers.unmatched(method)
+                    summaries = tensor_summaries(edge_program) if unmatched else {}
+                    why = [differences(parts, graph_codes(edge_program), c, my_summaries=summaries) for c in unmatched]
                     say(f"a delegate's input{' (' + method + ')' if method else ''} differs from every worker's"
                         + (f" (from its worker's in: {why[0]})" if why else "") + ": compiling it in this process")
                     return original(cls, edge_program, compile_specs)
@@ -284,10 +326,11 @@ def work(workdir: Path, method: str) -> None:
             # it is handed in place (slice_copy -> slice), and the exporting process
             # fingerprints its input before any compile too.
             parts, codes = fingerprint_parts(edge_program, compile_specs), graph_codes(edge_program)
+            summaries = tensor_summaries(edge_program)
             start = time.perf_counter()
             result = original(cls, edge_program, compile_specs)
             seconds.append(time.perf_counter() - start)
-            results.append((parts, codes, result))
+            results.append((parts, codes, summaries, result))
             return result
         return preprocess
 

@@ -6,6 +6,7 @@ bytes put under another method's name, changes the files."""
 
 import copy
 import dataclasses
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from dflash_et.export import exporter
 from dflash_et.export.exporter import trace
 from dflash_et.lowering import cuda
 from dflash_et.lowering.errors import LoweringError
-from dflash_et.lowering.parallel_compile import compiled_by_workers
+from dflash_et.lowering.parallel_compile import compiled_by_workers, tensor_summary
 
 METHODS = ("target_verify", "draft_forward")  # the fused verify head and KV-cache writes; the drafter
 
@@ -93,9 +94,17 @@ def test_workers_give_the_program_of_one_process(traced, fake_aoti):
     assert any(s.startswith("target_verify: compiled in") and "by its worker" in s for s in said), said
     differs = [s for s in said if "differs from every worker's" in s]
     weight = next(iter(programs["draft_forward"].state_dict))
-    # It names the method and the one part that differs: the changed weight.
-    assert differs == [f"a delegate's input (draft_forward) differs from every worker's (from its worker's in: "
-                       f"tensor {weight}): compiling it in this process"], said
+    # It names the method and the one part that differs: the changed weight, with what each side holds
+    # (the recipe added 1 to one of its values).
+    mine = programs["draft_forward"].state_dict[weight]
+    said_weight = re.fullmatch(
+        rf"a delegate's input \(draft_forward\) differs from every worker's \(from its worker's in: "
+        rf"tensor {re.escape(weight)} \[here (.*), the worker's (.*)\]\): compiling it in this process",
+        differs[0]) if len(differs) == 1 else None
+    assert said_weight and said_weight[1] == tensor_summary(mine), said
+    theirs = re.fullmatch(r"(\(.*\) \S+) sum (\S+) max\|x\| (\S+)", said_weight[2])
+    assert theirs and theirs[1] == f"{tuple(mine.shape)} {mine.dtype}", said_weight[2]
+    assert float(theirs[2]) == pytest.approx(mine.double().sum().item() + 1.0)
 
 
 def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
