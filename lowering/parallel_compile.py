@@ -91,11 +91,14 @@ def tensor_summary(t) -> str:
         return type(t).__name__
     text = f"{tuple(t.shape)} {t.dtype}"
     if t.numel() and not t.is_complex() and t.dtype != torch.bool:
-        flat, total, peak = t.detach().reshape(-1), 0.0, 0.0
-        for start in range(0, flat.numel(), SUMMARY_CHUNK):  # (a KV cache of tens of GB: no float64 copy of it)
-            x = flat[start:start + SUMMARY_CHUNK].to(torch.float64)
-            most = x.abs().max().item()
-            total, peak = total + x.sum().item(), most if most != most else max(peak, most)  # (NaN stays)
+        try:  # (display only: a dtype without a float64 conversion must not fail a worker's compile)
+            flat, total, peak = t.detach().reshape(-1), 0.0, 0.0
+            for start in range(0, flat.numel(), SUMMARY_CHUNK):  # (a KV cache of tens of GB: no float64 copy of it)
+                x = flat[start:start + SUMMARY_CHUNK].to(torch.float64)
+                most = x.abs().max().item()
+                total, peak = total + x.sum().item(), most if most != most else max(peak, most)  # (NaN stays)
+        except (RuntimeError, TypeError):
+            return text
         text += f" sum {total!r} max|x| {peak!r}"
     return text
 
