@@ -63,14 +63,12 @@ def fingerprint_parts(program, compile_specs) -> dict[str, str]:
         if isinstance(module, torch.fx.GraphModule):
             parts[f"graph {name or '<root>'}"] = _digest(module.code.encode())
     parts["signature"] = _digest(str(program.graph_signature).encode())
-    tensors = {**program.state_dict, **program.constants}
-    for name in sorted(tensors):
-        t = tensors[name]
+    for part, t in _tensor_parts(program).items():
         head = f"{tuple(getattr(t, 'shape', ()))}:{getattr(t, 'dtype', type(t).__name__)}".encode()
         data = b""
         if isinstance(t, torch.Tensor) and t.numel():
             data = t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
-        parts[f"tensor {name}"] = _digest(head, data)
+        parts[part] = _digest(head, data)
     parts["compile specs"] = _digest(*(spec.key.encode() + b"=" + bytes(spec.value) for spec in compile_specs))
     return parts
 
@@ -79,8 +77,13 @@ def tensor_summaries(program) -> dict[str, str]:
     """Each weight or constant's `tensor_summary`, by its fingerprint part's name: what
     `differences` shows of a tensor whose bytes differ (display only, never compared: a sum
     in another order may differ in its last bits)."""
+    return {part: tensor_summary(t) for part, t in _tensor_parts(program).items()}
+
+
+def _tensor_parts(program) -> dict:
+    """A program's weights and constants by their fingerprint part's name ("tensor NAME"), sorted."""
     tensors = {**program.state_dict, **program.constants}
-    return {f"tensor {name}": tensor_summary(tensors[name]) for name in sorted(tensors)}
+    return {f"tensor {name}": tensors[name] for name in sorted(tensors)}
 
 
 def tensor_summary(t) -> str:
