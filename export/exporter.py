@@ -75,7 +75,8 @@ def traced_cuda_method(method: str, config: dict, device: str = "cuda") -> dict:
     cfg = config_mod.from_dict(config)
     spec = builder.build(cfg)
     spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name == method])
-    programs = trace(spec, artifact.Progress(total=1), device=device)  # to the worker's log
+    with cuda_lowering.traced_fused(spec, cfg):
+        programs = trace(spec, artifact.Progress(total=1), device=device)  # to the worker's log
     cuda_lowering.prepare(programs, spec, cfg)
     return programs
 
@@ -143,7 +144,8 @@ def export_program(
             [m.name for m in spec.methods], cfg.lowering.autotune, jobs,
             (f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}), progress.say)
         with compiling:
-            programs = trace(spec, progress, device="cuda")
+            with cuda_lowering.traced_fused(spec, cfg):  # (as the workers trace)
+                programs = trace(spec, progress, device="cuda")
             with progress.stage(f"lowering and serializing ({cfg.backend}; AOTInductor compiles each method)"):
                 files, lowering_report = cuda_lowering.lower(programs, spec, cfg, say=progress.say,
                                                              compiling=contextlib.nullcontext())

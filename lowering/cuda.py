@@ -19,7 +19,7 @@ from ..export import artifact, boundary, methods
 from ..export.heads import HEADS
 from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
-from .fuse_verify import FuseVerifyHeads, called_regions, head_paths
+from .fuse_verify import FuseVerifyHeads, called_regions, fused_at_trace, head_paths
 from .inductor_compat import no_x_dim_rows_are_scalars
 from . import parallel_compile
 from .parallel_compile import classmethod_replaced, compiled_by_workers
@@ -160,6 +160,19 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
                                jobs, preload=(KERNELS,), say=say)
 
 
+def _fused_kinds(cfg) -> list[tuple[str, ...]]:
+    """The region kinds (lowering/fuse_verify.py: REGIONS) `cfg` fuses, by setting: the verify
+    heads and the drafts' argmax (`lowering.fused_verify`), the attention (`fused_attention`)."""
+    return [kinds for on, kinds in ((cfg.lowering.fused_verify, (*HEADS, "greedy_rows")),
+                                    (cfg.lowering.fused_attention, ("cached_attention",))) if on]
+
+
+def traced_fused(spec, cfg):
+    """While tracing `spec`'s methods for `prepare`: the regions `cfg` fuses trace as their
+    fused op (`fuse_verify.fused_at_trace`: the same fused graphs, a fraction of the time)."""
+    return fused_at_trace([m.module for m in spec.methods], sum(_fused_kinds(cfg), ()))
+
+
 def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
     """Fuse every method's verify heads and the drafts' argmax (`lowering.fused_verify`) and the
     target's and drafter's attention (`lowering.fused_attention`), then strip the boundary
@@ -167,11 +180,9 @@ def prepare(programs: dict, spec, cfg) -> dict[str, list[str]]:
     regions by method."""
     modules = {m.name: m.module for m in spec.methods}
     fused = {name: [] for name in programs}
-    for on, kinds in ((cfg.lowering.fused_verify, (*HEADS, "greedy_rows")),
-                      (cfg.lowering.fused_attention, ("cached_attention",))):
-        if on:
-            for name, regions in fuse_heads(programs, modules, kinds).items():
-                fused[name] += regions
+    for kinds in _fused_kinds(cfg):
+        for name, regions in fuse_heads(programs, modules, kinds).items():
+            fused[name] += regions
     for program in programs.values():
         boundary.strip(program)
     return fused

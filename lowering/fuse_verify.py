@@ -16,8 +16,15 @@ then inserts the op, rewires every use of the results (keeping their
 where the head's result was one (kinds and order stay). All
 regions are checked before any is rewritten: a mismatch raises `FuseError` naming
 the node, and the graph is never left half-rewritten.
+
+`fused_at_trace` makes tracing cheap for a program whose regions are all fused: while it
+is on, each region module runs its fused op between its markers instead of its ATen
+body (the sampling reference's cut searches were most of a CUDA method's trace time), and
+the pass then swaps that one-op region for the same call the full region would give.
 """
 
+import contextlib
+import inspect
 import operator
 from dataclasses import dataclass, field
 
@@ -223,6 +230,49 @@ def called_regions(ep: torch.export.ExportedProgram, paths: list[str]) -> list[s
     holds the drafter's attention, which only draft_forward runs.)"""
     ran = {path for n in ep.graph.nodes for path, _ in (n.meta.get("nn_module_stack") or {}).values()}
     return [p for p in paths if "." not in p or p.rsplit(".", 1)[0] in ran]
+
+
+@contextlib.contextmanager
+def fused_at_trace(modules: list[torch.nn.Module], kinds: tuple[str, ...]):
+    """While tracing: every region module of `kinds` inside `modules` calls its fused op on
+    its marked inputs and marks the op's results, instead of running its ATen body. The
+    region then holds the markers and the op, and `FuseVerifyHeads` rewrites it into the
+    call it makes of any region (the op on the marked inputs), so the fused graph is the
+    same, at a fraction of the trace time. A module whose inputs the kernel does not take
+    keeps its body (the pass then names what is unsupported)."""
+    patched = {}
+    for module in modules:
+        for path, kind in head_paths(module, kinds):
+            region = module.get_submodule(path)
+            if id(region) not in patched:
+                patched[id(region)] = region
+                region.forward = _stand_in(kind, region.forward)
+    try:
+        yield
+    finally:
+        for region in patched.values():
+            del region.forward  # the class's forward again
+
+
+def _stand_in(kind: str, forward):
+    from ..export.boundary import mark
+
+    signature = inspect.signature(forward)
+    single = REGIONS[kind].outputs == 1
+
+    def fused(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = list(bound.arguments.values())
+        op, unsupported = _fused_op(kind, inputs)
+        if unsupported or not torch.compiler.is_exporting():
+            return forward(*args, **kwargs)
+        out = op(*mark(kind, "inputs", *inputs))
+        results = mark(kind, "outputs", *(out if isinstance(out, (tuple, list)) else (out,)))
+        return results[0] if single else tuple(results)
+
+    fused.__signature__ = signature  # (torch.export reads the argument names)
+    return fused
 
 
 class FuseVerifyHeads:

@@ -6,10 +6,11 @@ the eager program (plain ATen heads), token for token, in speculative and target
 import io
 
 import pytest
+import torch
 from conftest import DEVICE
 
 from dflash_et.export import artifact, builder, config, driver, exporter, methods
-from dflash_et.lowering.cuda import prepare
+from dflash_et.lowering.cuda import prepare, traced_fused
 from graph_program import graph_program
 
 pytestmark = pytest.mark.xdist_group("fused_programs")  # one worker traces and fuses each config once
@@ -39,6 +40,41 @@ def test_every_head_of_every_method_is_fused(fused):
                         for _, c in (n.meta.get("nn_module_stack") or {}).values())
                 and "dflash" not in str(n.target) and "getitem" not in str(n.target)]
         assert left == [], (name, [n.name for n in left[:5]])
+
+
+def _structure(ep) -> tuple:
+    """A program's graph with node names replaced by positions (its ops, their arguments, each
+    node's shape and dtype), its signature's kinds and targets, and its range constraints.
+    Inputs no node reads (a lifted constant of an erased region) are left out."""
+    used = [n for n in ep.graph.nodes if n.op != "placeholder" or n.users]
+    position = {n: f"%{i}" for i, n in enumerate(used)}
+
+    def val(v):
+        if isinstance(v, torch.Tensor):
+            return str(tuple(v.shape)), str(v.dtype)
+        return tuple(map(val, v)) if isinstance(v, (tuple, list)) else str(v)
+
+    nodes = [(n.op, str(n.target) if n.op != "placeholder" else "", torch.fx.node.map_arg((n.args, n.kwargs), position.get),
+              val(n.meta.get("val"))) for n in used]
+    read = {n.name for n in used}
+    inputs = [(s.kind, s.target) for s in ep.graph_signature.input_specs if s.arg.name in read]
+    outputs = [(s.kind, s.target) for s in ep.graph_signature.output_specs]
+    return nodes, inputs, outputs, str(ep.range_constraints)
+
+
+def test_tracing_the_fused_ops_gives_the_same_fused_graphs(fused):
+    """export_program traces each region it fuses as the fused op itself (`traced_fused`: the
+    sampling reference's searches were most of a CUDA method's trace time). After `prepare`
+    every method is the graph the plain ATen regions' trace gives, node for node (names
+    aside), with the same inputs, outputs and dims."""
+    cfg, spec, programs, report = fused
+    spec = builder.build(cfg)
+    with traced_fused(spec, cfg):
+        quick = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
+    assert not any("forward" in vars(m) for method in spec.methods for m in method.module.modules())  # restored
+    assert prepare(quick, spec, cfg) == report
+    for name, ep in programs.items():
+        assert _structure(quick[name]) == _structure(ep), name
 
 
 def test_cuda_methods_are_traced_at_the_limits_aotinductor_tunes_for(fused):

@@ -157,6 +157,28 @@ def test_an_unsupported_head_raises():
         match(ep)
 
 
+def test_a_traced_region_is_its_fused_op_where_the_kernel_takes_the_inputs():
+    """`fused_at_trace`: the region traces as its op between its markers; with inputs its kernel
+    does not take (float64 logits), as its ATen body, so the pass names what is unsupported."""
+    from dflash_et.export.heads import DFlashVerifyArgmax
+    from dflash_et.lowering.fuse_verify import fused_at_trace
+
+    head, tokens, offsets = DFlashVerifyArgmax(), torch.zeros(6, dtype=torch.int64), torch.tensor([0, 2, 6])
+    for dtype in (torch.float32, torch.float64):
+        with fused_at_trace([head], ("dflash_verify_argmax",)):
+            ep = torch.export.export(head, (torch.randn(6, 50, dtype=dtype), tokens, offsets), strict=False)
+        assert "forward" not in vars(head)  # the module's own forward again
+        ops = [str(n.target) for n in ep.graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)]
+        if dtype == torch.float32:
+            assert ops == ["dflash.head_boundary.default", "dflash.dflash_verify_argmax.default",
+                           "dflash.head_boundary.default"], ops
+            assert FuseVerifyHeads(expected=[""])(ep).heads == ["dflash_verify_argmax@<root>"]
+        else:
+            assert "dflash.dflash_verify_argmax.default" not in ops and len(ops) > 5, ops
+            with pytest.raises(FuseError, match="does not support torch.float64"):
+                FuseVerifyHeads()(ep)
+
+
 def test_cpu_backend_exports_keep_the_aten_head(make_config, tmp_path):
     from dflash_et.export import exporter
 

@@ -35,7 +35,8 @@ def fused():
     cfg = _config()
     spec = builder.build(cfg)
     spec = dataclasses.replace(spec, methods=[m for m in spec.methods if m.name in METHODS])
-    programs = trace(spec, artifact.Progress(total=99, stream=open("/dev/null", "w")))
+    with cuda.traced_fused(spec, cfg):
+        programs = trace(spec, artifact.Progress(total=99, stream=open("/dev/null", "w")))
     cuda.prepare(programs, spec, cfg)
     return spec, programs
 
