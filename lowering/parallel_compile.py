@@ -218,10 +218,14 @@ class Workers:
             return {}
         log = self.workdir / f"{method}.log"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        # A cache per method: two compiles of one kernel side by side in one cache raced
-        # (one link step found the other's object files gone).
+        # An Inductor cache per method: two compiles of one kernel side by side in one cache
+        # raced (one link step found the other's object files gone). One Triton cache for all
+        # (its entries are written whole, then renamed): a kernel that two methods hold (the
+        # verify heads in target_verify and dflash_verify) is compiled once where one worker
+        # reaches it after the other has stored it.
         base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _default_cache_dir()
         env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / f"dflash-method-{method}")
+        env.setdefault("TRITON_CACHE_DIR", str(Path(base) / "dflash-triton"))
         start = time.perf_counter()
         with open(log, "wb") as out, self._lock:
             if self._stopped.is_set():
