@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from ..export.boundary import MARKER, mark
 from ..export.heads import HEADS
 from ..export.models import layers
 from .errors import LoweringError
@@ -100,8 +101,6 @@ def _head_of(node: fx.Node, by_class: dict[str, str]) -> tuple[str, str] | None:
 
 def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], list[fx.Node]]:
     """(arguments, results) of one head call, from its boundary markers."""
-    from ..export.boundary import MARKER
-
     where = f"head {head} at {fqn or '<root>'}"
     marks = {role: [n for n in nodes if n.target is MARKER and n.args[2] == role] for role in ("inputs", "outputs")}
     if len(marks["inputs"]) != 1 or len(marks["outputs"]) != 1:
@@ -255,8 +254,6 @@ def fused_at_trace(modules: list[torch.nn.Module], kinds: tuple[str, ...]):
 
 
 def _stand_in(kind: str, forward):
-    from ..export.boundary import mark
-
     signature = inspect.signature(forward)
     single = REGIONS[kind].outputs == 1
 
