@@ -240,13 +240,13 @@ def fused_at_trace(modules: list[torch.nn.Module], kinds: tuple[str, ...]):
     same, at a fraction of the trace time. A module whose inputs the kernel does not take
     keeps its body (the pass then names what is unsupported)."""
     patched = {}
-    for module in modules:
-        for path, kind in head_paths(module, kinds):
-            region = module.get_submodule(path)
-            if id(region) not in patched:
-                patched[id(region)] = region
-                region.forward = _stand_in(kind, region.forward)
     try:
+        for module in modules:
+            for path, kind in head_paths(module, kinds):
+                region = module.get_submodule(path)
+                if id(region) not in patched:  # (a module two methods share: once)
+                    region.forward = _stand_in(kind, region.forward)
+                    patched[id(region)] = region
         yield
     finally:
         for region in patched.values():
@@ -254,6 +254,7 @@ def fused_at_trace(modules: list[torch.nn.Module], kinds: tuple[str, ...]):
 
 
 def _stand_in(kind: str, forward):
+    """`forward` of a region module of `kind`, tracing as the fused op between the markers."""
     signature = inspect.signature(forward)
     single = REGIONS[kind].outputs == 1
 
