@@ -54,8 +54,8 @@ def _structure(ep) -> tuple:
             return str(tuple(v.shape)), str(v.dtype)
         return tuple(map(val, v)) if isinstance(v, (tuple, list)) else str(v)
 
-    nodes = [(n.op, str(n.target) if n.op != "placeholder" else "", torch.fx.node.map_arg((n.args, n.kwargs), position.get),
-              val(n.meta.get("val"))) for n in used]
+    nodes = [(n.op, str(n.target) if n.op != "placeholder" else "",
+              torch.fx.node.map_arg((n.args, n.kwargs), position.get), val(n.meta.get("val"))) for n in used]
     read = {n.name for n in used}
     inputs = [(s.kind, s.target) for s in ep.graph_signature.input_specs if s.arg.name in read]
     outputs = [(s.kind, s.target) for s in ep.graph_signature.output_specs]
