@@ -9,6 +9,15 @@ collects shared out over the programs of dflash_verify's decision launch) and `l
 sizes, scratch, input checks). Beside the heads: `cached_attention`, attention over each
 row's own cells of a KV cache (issue #26; swapped in by `lowering.fused_attention`), and
 `greedy_rows`, the drafts' argmax (swapped in with the heads).
+
+One rule every kernel keeps, for AOTInductor: torch's mutation analysis of a kernel's TTIR
+copies, before the launch, every input it finds written. It follows a store's address back
+through the ops that computed it, and through a @triton.jit helper's result to every
+argument of the call; only a `tl.load` stops it. So a value that picks a store's address
+(a slot in a candidate list, the scratch row to decide) comes from a `tl.load` in the
+function that stores, never from a helper that was given the logits: where a helper
+computes it, it goes through scratch (stored, then loaded). `tests/mutation_analysis.py
+--explain ARG` names the way when a launch counts ARG as written.
 """
 
 import torch

@@ -18,8 +18,8 @@ which thread got there first).
 import triton
 import triton.language as tl
 
-from .common import FLT_MAX, ordered_key
-from .sampling_rule import KEY_OFFSET, load_row
+from .common import FLT_MAX, ordered_key, sanitize
+from .sampling_rule import KEY_OFFSET
 
 WALK_PAIRS = tl.constexpr(256)  # threads per iteration of `walk_collect` (one each at 8 warps)
 WALK_BYTES = tl.constexpr(32)  # logits bytes per thread and iteration
@@ -70,7 +70,8 @@ def walk_collect(row_ptr, start, end, theta, key_ptr, index_ptr, LIST: tl.conste
         acc = tl.zeros((WIDE_BINS,), dtype=tl.int32)
     for base in tl.range(start, end, WALK_PAIRS * WIDTH, num_stages=WALK_STAGES):
         offs = base + tl.arange(0, WALK_PAIRS)[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
-        x, fin = load_row(row_ptr, offs, end)
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < end, other=float("-inf")))  # (not `load_row`: the
+        fin = x > float("-inf")  # keys pick the slots, see the package docstring on the mutation analysis)
         key = ordered_key(x)
         take = (fin & (key >= bound)).to(tl.int32)
         n = tl.sum(take, 1)

@@ -245,6 +245,12 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
     lane_max, lane_mass, x_max, arg, finite, mass = filtered_lanes(row_ptr, vocab, temperature, top_k, top_p,
                                                                    BLOCK, STAGES)
+    # Through scratch, as `dflash_verify`'s launches hand them over: the bound they give picks the
+    # collect's slots, and a helper's result would count as a write to the row for torch's
+    # mutation analysis (the package docstring).
+    store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass)
+    tl.debug_barrier()  # stored by other threads
+    lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
                       buf_ptr, stats_ptr, BLOCK, BUF)
 

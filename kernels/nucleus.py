@@ -214,6 +214,14 @@ def wide_list(row_ptr, vocab, x_max, temperature, mass, target, key_ptr, index_p
     general path."""
     theta, lo, hi, cap_short = wide_bound(row_ptr, vocab, x_max, temperature, LIST - LIST // WIDE_SLACK, mass, target,
                                           CAP)
+    # The bound through memory (the list's first word, before the walk fills it): it picks the
+    # walk's slots, and a helper's result would count as a write to the row for torch's
+    # mutation analysis (the package docstring).
+    theta_ptr = key_ptr.to(tl.pointer_type(tl.int64))
+    tl.store(theta_ptr, theta)
+    tl.debug_barrier()
+    theta = tl.load(theta_ptr)
+    tl.debug_barrier()  # every thread has it before the walk overwrites the word
     count = tl.zeros((), dtype=tl.int64) - 1
     if theta >= 0:
         count = walk_collect(row_ptr, 0, vocab, theta, key_ptr, index_ptr, LIST)

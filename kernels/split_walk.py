@@ -97,8 +97,11 @@ def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
 def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, temperature_ptr, top_k_ptr, top_p_ptr,
                 BUF: tl.constexpr, WORK: tl.constexpr, CAP: tl.constexpr):
     """Take tickets (2 * SPLIT chunks of each of the `asked` queued rows) until they run out
-    or this program finishes the last work of a row; returns that row's pair slot (its
-    decision's list, or its bins, ready), else -1."""
+    or this program finishes the last work of a row; returns that row's place in the queue (its
+    decision's list, or its bins, ready: its pair slot is word 2 + place of the queue), else -1.
+    (Not the slot itself: the caller's stores go to that slot's scratch row, and a helper's
+    result would count as a write to every argument, the logits among them, for torch's
+    mutation analysis: the package docstring.)"""
     per_phase = asked * SPLIT
     decide = tl.zeros((), dtype=tl.int64) - 1
     t = tl.atomic_add(queue_ptr + 1, 1)
@@ -121,12 +124,12 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
             last = walk_part(row_ptr, vocab, chunk, (u % SPLIT).to(tl.int32), theta, temperature, work, stats, BUF)
         if last:
             if second:
-                decide = slot
+                decide = u // SPLIT
             else:
                 bound = _first_outcome(work, stats, vocab, temperature, tl.load(top_k_ptr + owner),
                                        tl.load(top_p_ptr + owner), BUF, CAP)
                 if bound < 0:
-                    decide = slot
+                    decide = u // SPLIT
                 else:
                     tl.store(hot, 0)  # no chunk of phase 2 finished yet
                 tl.debug_barrier()  # the stats, the list and the reset count, before the state

@@ -182,8 +182,10 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
         # the loads and a loop outside it doubled that launch's time)
         slot = tl.where(own, pid.to(tl.int64), -1)
         if not own:
-            slot = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
-                               top_k_ptr, top_p_ptr, BUF, WORK, CAP)
+            place = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
+                                top_k_ptr, top_p_ptr, BUF, WORK, CAP)
+            if place >= 0:
+                slot = tl.load(queue_ptr + 2 + place)
         if slot >= 0:
             work = work_ptr + slot * WORK
             results = results_of(work, BUF)

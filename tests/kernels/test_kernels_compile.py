@@ -109,18 +109,16 @@ print("kernels", seen)
     assert int(run.stdout.split()[-1]) == 7, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1, greedy_rows 1
 
 
-def test_torch_mutation_analysis_reads_every_kernel():
+def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
     """AOTInductor export runs torch's mutation analysis on each kernel's TTIR and copies
     every tensor it finds written before the launch. Inline assembly stops it (split_walk's
-    old fence, seen on the H200): every input then counts as written, the logits among them.
-    Every launch of the three ops is analysed without that fallback, and none writes the
-    tokens, offsets, positions or seeds (the fallback writes them all). The analysis
-    over-approximates: it follows a @triton.jit helper's result back to every argument of
-    the call (only a load stops it), so a store whose address a logit picks, through a
-    helper that was given the row pointer, counts as a write to the logits: the filtered
-    launches (verify_filtered_kernel, chunk_kernel, sample_rows' second) report logits_ptr
-    (and verify_filtered_kernel the owners' parameters, through split_walks' result). The
-    light launches are exact."""
+    old fence, seen on the H200): every input then counts as written. The analysis also
+    over-approximates: it follows a @triton.jit helper's result back to every argument of the
+    call (only a load stops it), so a store whose address a logit picks through such a result
+    counts as a write to the logits (the filtered launches did: a copy of the logits before
+    them, ~146 us at the headline shape; the package docstring says how the kernels avoid it).
+    Every launch of the three ops is analysed without the fallback, and each writes exactly
+    its outputs and scratch: no input, the logits and the owners' parameters among them."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py")], env=env,
                          capture_output=True, text=True, timeout=900)
@@ -129,18 +127,20 @@ def test_torch_mutation_analysis_reads_every_kernel():
     assert found["fallbacks"] == 0, run.stderr[-3000:]
     launches = found["launches"]
     assert len(launches) == 10, launches  # verify 4, verify_argmax 2, sample_rows 3, cached_attention 1
-    never = {"tokens_ptr", "offsets_ptr", "start_position_ptr", "position_ptr", "seed_ptr"}
+    scratch = {"work_ptr", "queue_ptr", "part_ptr"}
+    outputs = {"accepted_ptr", "next_token_ptr", "out_ptr"}
     for kernel, writes in launches:
-        assert writes and not never & set(writes), (kernel, writes)
-    exact = {"verify_rows_kernel": ["queue_ptr", "work_ptr"],
-             "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"],
+        assert writes and set(writes) <= scratch | outputs, (kernel, writes)
+    exact = {"verify_rows_kernel": ["queue_ptr", "work_ptr"], "verify_filtered_kernel": ["queue_ptr", "work_ptr"],
+             "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"], "chunk_kernel": ["part_ptr", "work_ptr"],
              "cached_attention_kernel": ["out_ptr"]}
     for kernel, writes in launches:
         assert writes == exact.get(kernel, writes), (kernel, writes)
-    # --explain names, for each launch that counts the logits as written, the writes that lead there
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py"), "--explain", "logits_ptr"],
+    assert sorted(w for k, w in launches if k == "sample_rows_kernel") == [["out_ptr"], ["out_ptr", "work_ptr"]]
+    # --explain names, for a launch that would count an input as written, the writes that lead there
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py"), "--explain", "work_ptr"],
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     explained = {line.split()[1].rstrip(":") for line in run.stdout.splitlines() if line.startswith("== ")}
-    assert explained == {k for k, writes in launches if "logits_ptr" in writes}, run.stdout
-    assert "tt.store (via" in run.stdout and "writes its argument 0" in run.stdout, run.stdout
+    assert explained == {k for k, writes in launches if "work_ptr" in writes}, run.stdout
+    assert "tt.store" in run.stdout and "writes its argument" in run.stdout, run.stdout
