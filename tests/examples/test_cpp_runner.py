@@ -5,7 +5,7 @@ for the same owners on the same .pte, and bad input gives a message and exit sta
 never a crash. (Committed tokens alone would not catch a drafter bookkeeping error: they
 equal target-only decoding whatever the drafts; the drafts do.)
 
-The fixture exports the programs in subprocesses and builds the runner meanwhile (the
+The fixture exports the programs in a subprocess and builds the runner meanwhile (the
 build goes to a pytest temporary directory, so a fresh clone builds it here)."""
 
 import os
@@ -41,49 +41,41 @@ def _heads_yaml(directory: Path) -> Path:
     return path
 
 
-# A heads program claiming the next contract_version: the runner must refuse it before anything else.
-_FUTURE_EXPORT = textwrap.dedent("""
+# The small heads program, then the same claiming the next contract_version (the runner must
+# refuse it before anything else), then one of contract_version 1, whose constant methods had
+# no get_ prefix: one process (each start imports torch and executorch, ~5 s of CPU).
+_HEADS_EXPORTS = textwrap.dedent("""
     import sys
     from dflash_et.export import config, exporter, methods
+    cfg = config.load(sys.argv[1])
+    exporter.export_program(cfg, sys.argv[2])
     methods.CONTRACT_VERSION += 1
-    exporter.export_program(config.load(sys.argv[1]), sys.argv[2])
-""")
-
-# A heads program of contract_version 1, whose constant methods had no get_ prefix.
-_OLD_EXPORT = textwrap.dedent("""
-    import sys
-    from dflash_et.export import config, exporter, methods
+    exporter.export_program(cfg, sys.argv[3])
     methods.CONTRACT_VERSION = 1
     methods.CONSTANT_METHODS = {k: k for k in methods.CONSTANT_METHODS}
-    exporter.export_program(config.load(sys.argv[1]), sys.argv[2])
+    exporter.export_program(cfg, sys.argv[4])
 """)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, shared_export):
     """{'runner': path, 'greedy' / 'sampling' / 'heads' / 'future' / 'old': artifact directories}.
-    The small heads exports run as parallel processes while the runner builds; the tiny DFlash
+    The small heads exports run in a process of their own while the runner builds; the tiny DFlash
     programs are the run's shared exports (test_dflash_program.py reads them too; this module
     asks for them in the other order, so two workers export one each)."""
     base = tmp_path_factory.mktemp("cpp_runner")
     heads = _heads_yaml(base)
     dirs = {k: base / k for k in ("heads", "future", "old")}
-    commands = {
-        "heads": ["-m", "dflash_et.cli", "export", "--config", str(heads), "--output-dir", str(dirs["heads"])],
-        "future": ["-c", _FUTURE_EXPORT, str(heads), str(dirs["future"])],
-        "old": ["-c", _OLD_EXPORT, str(heads), str(dirs["old"])],
-    }
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    jobs = {k: subprocess.Popen([sys.executable, *c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, cwd=ROOT) for k, c in commands.items()}
+    job = subprocess.Popen([sys.executable, "-c", _HEADS_EXPORTS, str(heads), *(str(dirs[k]) for k in dirs)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     try:
         runner = runner_cli.build(base / "build")
         dirs |= {v: shared_export(f"tiny-dflash-{v}") for v in reversed(VARIANTS)}
     finally:
-        logs = {k: j.communicate()[0] for k, j in jobs.items()}
-    for k, j in jobs.items():
-        if j.returncode != 0:
-            pytest.fail(f"exporting {k} failed:\n{logs[k][-3000:]}")
+        log = job.communicate()[0]
+    if job.returncode != 0:
+        pytest.fail(f"exporting the heads programs failed:\n{log[-3000:]}")
     return {"runner": runner, **dirs}
 
 
