@@ -10,7 +10,10 @@
 #   scripts/gpu-checks.sh smoke     the Qwen3-sized CUDA export + one verify step, fused vs ATen head
 #   scripts/gpu-checks.sh runtime   builds the CUDA C++ runner (scripts/build-cuda-runner.sh; ExecuTorch
 #                                   v1.2.0 sources in $ET_SRC, default .et-src) and runs CUDA exports in
-#                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py)
+#                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py).
+#                                   By default the four fused exports, 3 compile jobs each (253 s); all six
+#                                   side by side did not finish within a 10 min call. The other two in a
+#                                   call of their own: DFLASH_RUNTIME_EXPORTS=sampling-f32-unfused,greedy-cpu
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
@@ -98,6 +101,8 @@ smoke)
   ;;
 runtime)
   build_runner
+  export DFLASH_RUNTIME_EXPORTS="${DFLASH_RUNTIME_EXPORTS:-greedy-f32,sampling-f32,sampling-bf16,sampling-f32-attn}"
+  export DFLASH_EXPORT_JOBS="${DFLASH_EXPORT_JOBS:-3}"
   DFLASH_CUDA_RUNNER=$runner DFLASH_TIMING_OUT="$OUT/runtime-timing.yaml" DFLASH_LOG_DIR="$OUT" \
     timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/examples/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
     | tee "$OUT/runtime.log" | grep -E "^export|^float32|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
