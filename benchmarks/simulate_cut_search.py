@@ -21,7 +21,7 @@ and 2 for a count-only probe, plus ~4 per pass (load, convert, weight).
 
     python benchmarks/simulate_cut_search.py [--rows 4] [--vocab 151936] [--probes 4 8 16] [--buf 4096]
 
-(benchmarks/RESULTS.md, session 38, has a run.)
+(benchmarks/HISTORY.md, session 38, has a run.)
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
 The drafter's drafts (`draft_forward`: block_size - 1 rows per owner, each over the
 whole vocabulary) are this. Inductor's compiled reduction reads the rows well below the
-copy bandwidth (benchmarks/RESULTS.md, session 41); this is the row pass of
+copy bandwidth (benchmarks/HISTORY.md, session 41); this is the row pass of
 `dflash_verify_argmax` on its own.
 
 Algorithm, one launch of one program per row (`launch.decide_config`: 4 KB steps, 4

@@ -590,7 +590,7 @@ def _search_candidates(packed, kept, x_max, temperature, u):
     network of BUF entries is tens of compare-and-swap stages, hundreds of IR operations,
     and the work of Triton's coalescing passes grows with memory operations x kernel size
     (without the sort, each kernel that decides filtered rows compiles for sm_90 in about
-    half the time; RESULTS.md). The prefixes are sums in another order than a running
+    half the time; benchmarks/HISTORY.md, session 42). The prefixes are sums in another order than a running
     sum's: SPEC.md's legal difference (within 1e-6 * S of t)."""
     index = 0xFFFFFFFF - (packed & 0xFFFFFFFF)
     e = tl.where(kept, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature), 0.0).to(tl.float64)

@@ -8,7 +8,7 @@ checkpoint, which any config can name as its `model.drafter`.
 
 What it learns on the embedded random `tiny` target: the continuations it was trained on,
 drafted almost perfectly, and little else; on new prompts its drafts are hardly better
-than a random drafter's (benchmarks/RESULTS.md, "A distilled drafter"). A random target's
+than a random drafter's (benchmarks/HISTORY.md, "A distilled drafter"). A random target's
 text has no structure a small drafter can pick up in minutes; a real LLM's has. So the
 prompts to distil on are the prompts the loop will run.
 
