@@ -25,8 +25,8 @@ from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
 from dflash_et.kernels import cached_attention, greedy_rows, sample_rows, verify
-from dflash_et.kernels.launch import (decide_config, filtered_rows_config, launch_config, prefix_chunks, scratch_width,
-                                      split_rows)
+from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch_config, prefix_chunks, split_rows
+from dflash_et.kernels.scratch import scratch_width
 
 TARGET = GPUTarget("cuda", 90, 32)
 ALIGNED = ("stride", "vocab", "chunk", "walk_chunk")  # (walk_chunk: a multiple of 16 by construction)

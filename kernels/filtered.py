@@ -64,6 +64,9 @@ from .dense_collect import walk_collect
 from .nucleus import nucleus_token, wide_list
 from .sampling_rule import (INT64_MIN, KEY_OFFSET, KEY_TOP, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats, pack_key, scan_row, slow_token)
+from .scratch import (BINS_LIST, HOT_WORDS, NO_BINS, S_ARG, S_BINS, S_COUNT, S_FINITE, S_MASS, S_WALK_BOUND,
+                      S_WIDE_HI, S_WIDE_LO, S_WIDE_SHORT, S_X_MAX, UNDECIDED, WALK_ROW, hot_of, keys_of, load_f32,
+                      load_f64, store_stats)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -71,57 +74,6 @@ P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest la
 LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)
 LANE_MASK = tl.constexpr(2047)
 COLLECT_PAIRS = tl.constexpr(256)  # collect's (lane, step) pairs per iteration: one per thread at 8 warps
-HOT_WORDS = tl.constexpr(256)  # int64 words of the hot-lane list (512 int32 lanes: LIGHT_BYTES * 8 / LANE_BITS)
-RESULTS = tl.constexpr(4)  # int64 words of a verify row's decision, after the candidates and hot lanes
-STATS = tl.constexpr(10)  # int64 words of a filtered row's stats, after those: count, x_max, arg, finite lanes, mass,
-# the bound of a row left to `walk_collect` (count WALK_ROW), then what the bins of a split walk told (`split_walk`):
-# BINS (one of the three below), and `wide_list`'s (lo, hi, CAP best fall short) of them
-WALK_ROW = tl.constexpr(-3)  # a filtered row's count while its collect is left to `filtered_token`
-NO_BINS = tl.constexpr(0)  # no bins counted for the row: a short list gets `wide_list`
-BINS_LIST = tl.constexpr(1)  # the list is the one `wide_list` would collect (at the bins' bound)
-BINS_NO_LIST = tl.constexpr(2)  # the bins hold no bound for a list (`wide_list` gives -1)
-PASS_ROW = tl.constexpr(-6)  # token mark of a top-k / top-p row until the FILTERED row launch reads it
-
-# A scratch row (int64 words): the candidate list [0, 2 * BUF) (`collect`: 2 * BUF int32
-# keys, then 2 * BUF int32 indices; `scan_row` keeps BUF packed entries there), the hot
-# lanes [2 * BUF, + HOT_WORDS), then RESULTS, STATS and the chunk-end prefix masses of a
-# temperature-only row (`verify.prefixes_of`).
-
-
-@triton.jit
-def results_of(work, BUF: tl.constexpr):
-    """A row's decision words in its scratch row: after the candidate list and the hot lanes."""
-    return work + 2 * BUF + HOT_WORDS
-
-
-@triton.jit
-def stats_of(work, BUF: tl.constexpr):
-    """A filtered row's stats in its scratch row: after its RESULTS."""
-    return results_of(work, BUF) + RESULTS
-
-
-@triton.jit
-def hot_of(work, BUF: tl.constexpr):
-    """The HOT_WORDS after a row's candidate list: `collect`'s hot lanes, or a split walk's
-    words (`split_walk`)."""
-    return work + 2 * BUF
-
-
-@triton.jit
-def store_pair(results, owner, j, row, draft):
-    """A top-k / top-p row's mark for `dflash_verify`'s FILTERED row launch, with what it needs of
-    the layout walk: (PASS_ROW, owner << 32 | j, packed row, draft) (owner and j < 2^31)."""
-    tl.store(results, PASS_ROW)
-    tl.store(results + 1, owner * 4294967296 + j)
-    tl.store(results + 2, row)
-    tl.store(results + 3, draft)
-
-
-@triton.jit
-def stored_pair(results, logits_ptr, stride):
-    """`store_pair`'s (owner, j, row pointer, draft)."""
-    pair = tl.load(results + 1)
-    return pair // 4294967296, pair % 4294967296, logits_ptr + tl.load(results + 2) * stride, tl.load(results + 3)
 
 
 @triton.jit
@@ -166,12 +118,6 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
         first = _rank_value(s, tl.minimum(tl.maximum(lo, P_RANK), lanes - 1))
         second = _rank_value(s, tl.minimum(tl.maximum(bound_rank, P_RANK), lanes - 1))
     return first, second
-
-
-@triton.jit
-def keys_of(buf_ptr):
-    """The candidate list's keys (int32 `ordered_key`s); its indices follow 2 * BUF slots later."""
-    return buf_ptr.to(tl.pointer_type(tl.int32))
 
 
 @triton.jit
@@ -245,6 +191,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
     lane_max, lane_mass, x_max, arg, finite, mass = filtered_lanes(row_ptr, vocab, temperature, top_k, top_p,
                                                                    BLOCK, STAGES)
+    tl.static_assert(3 * lane_max.shape[0] <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
     # Through scratch, as `dflash_verify`'s launches hand them over: the bound they give picks the
     # collect's slots, and a helper's result would count as a write to the row for torch's
     # mutation analysis (the package docstring).
@@ -280,7 +227,7 @@ def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mas
     """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
     masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
     words [LANES, 1.5 LANES) (`load_lanes` reads them before `bound_and_collect` overwrites the list),
-    the row's stats in words 1..4 of stats_ptr (`store_stats`' layout)."""
+    the row's stats in its STATS words (`scratch.store_stats`)."""
     LANES: tl.constexpr = lane_max.shape[0]
     r = tl.arange(0, LANES)
     tl.store(buf_ptr.to(tl.pointer_type(tl.float64)) + r, lane_mass)
@@ -294,22 +241,12 @@ def load_lanes(buf_ptr, stats_ptr, LANES: tl.constexpr):
     r = tl.arange(0, LANES)
     lane_mass = tl.load(buf_ptr.to(tl.pointer_type(tl.float64)) + r)
     lane_max = tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r)
-    x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
-    mass = tl.load(stats_ptr + 4).to(tl.float64, bitcast=True)
+    x_max = load_f32(stats_ptr + S_X_MAX)
+    mass = load_f64(stats_ptr + S_MASS)
+    arg = tl.load(stats_ptr + S_ARG)
+    finite = tl.load(stats_ptr + S_FINITE)
     tl.debug_barrier()  # every thread has loaded before `threshold` and `collect` overwrite the list
-    return lane_max, lane_mass, x_max, tl.load(stats_ptr + 2), tl.load(stats_ptr + 3), mass
-
-
-@triton.jit
-def store_stats(stats_ptr, count, x_max, arg, finite, mass):
-    """A filtered row's stats: (count or -1 without a bound, x_max, arg, lanes holding a finite logit, mass);
-    no bins (NO_BINS)."""
-    tl.store(stats_ptr + 6, NO_BINS)
-    tl.store(stats_ptr, count)
-    tl.store(stats_ptr + 1, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(stats_ptr + 2, arg.to(tl.int64))
-    tl.store(stats_ptr + 3, finite.to(tl.int64))
-    tl.store(stats_ptr + 4, mass.to(tl.int64, bitcast=True))
+    return lane_max, lane_mass, x_max, arg, finite, mass
 
 
 @triton.jit
@@ -325,7 +262,7 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
-        tl.store(stats_ptr + 5, theta)  # the bound of the walk, where `collect` left it (count WALK_ROW)
+        tl.store(stats_ptr + S_WALK_BOUND, theta)  # the bound of the walk, where `collect` left it (count WALK_ROW)
         retry = (second < theta) & (count >= 0) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:
             retry = _candidate_mass(buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
@@ -339,24 +276,24 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                    SMALL_ONLY: tl.constexpr = False):
     """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results.
     SMALL_ONLY: only what the small decision (<= SMALL candidates, a few registers per
-    thread) settles, else -4: the launch that collected the candidates decides those rows
+    thread) settles, else UNDECIDED: the launch that collected the candidates decides those rows
     right after (no further launch reloads them for it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
     tl.debug_barrier()  # (SMALL_ONLY: the stats were stored by other threads of this program)
-    count = tl.load(stats_ptr)
-    x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
-    arg = tl.load(stats_ptr + 2)
-    finite = tl.load(stats_ptr + 3)
-    mass = tl.load(stats_ptr + 4).to(tl.float64, bitcast=True)
+    count = tl.load(stats_ptr + S_COUNT)
+    x_max = load_f32(stats_ptr + S_X_MAX)
+    arg = tl.load(stats_ptr + S_ARG)
+    finite = tl.load(stats_ptr + S_FINITE)
+    mass = load_f64(stats_ptr + S_MASS)
     if not SMALL_ONLY:
         if count == WALK_ROW:  # `bound_and_collect` left this row's collect (most lanes) to this launch
-            count = walk_collect(row_ptr, 0, vocab, tl.load(stats_ptr + 5), keys_of(buf_ptr),
+            count = walk_collect(row_ptr, 0, vocab, tl.load(stats_ptr + S_WALK_BOUND), keys_of(buf_ptr),
                                  keys_of(buf_ptr) + 2 * BUF, 2 * BUF)
     k = tl.where(use_k, top_k, vocab).to(tl.int64)
     want = tl.minimum(k, CAP)
     token = tl.zeros((), dtype=tl.int64) - 1
     if finite > 0:  # (lanes holding a finite logit: not the count of finite logits)
-        token = tl.zeros((), dtype=tl.int64) - 4  # not decided yet
+        token = tl.zeros((), dtype=tl.int64) + UNDECIDED
         # From the candidates, the finite count stands in as V: with top-k and a bound, k lanes
         # hold a finite logit, so the top-k set has exactly k tokens; for top-p alone it only
         # makes the candidates count as the whole row when they are all V tokens.
@@ -384,25 +321,25 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             # want = k: min(k, V) <= min(count, k)); otherwise from a pass over the row below.
             from_list = ~small & (count >= 0) & (count <= BUF) & ~top_p_alone & (count >= tl.minimum(k, vocab))
             wide = tl.zeros((), dtype=tl.int1)  # the bins show the CAP best tokens short of the target
-            if (token == -4) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
+            if (token == UNDECIDED) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
                 n = count
                 if not reach:  # short of the target, or more than the list holds: `wide_list`
-                    bins = tl.load(stats_ptr + 6)
+                    bins = tl.load(stats_ptr + S_BINS)
                     if bins == NO_BINS:
                         n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target,
                                                         keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
                     else:  # a split walk's bins (`split_walk`): the list, if any, is `wide_list`'s
                         n = tl.where((bins == BINS_LIST) & (count >= 0) & (count <= 2 * BUF), count, -1)
-                        lo_p = tl.load(stats_ptr + 7)
-                        hi_p = tl.load(stats_ptr + 8)
-                        wide = tl.load(stats_ptr + 9) != 0
+                        lo_p = tl.load(stats_ptr + S_WIDE_LO)
+                        hi_p = tl.load(stats_ptr + S_WIDE_HI)
+                        wide = tl.load(stats_ptr + S_WIDE_SHORT) != 0
                 if n > 0:
                     token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
                                           top_p, mass, u, arg, vocab, 2 * BUF)
             # No bound, too many candidates, a list short of the top-k set, or a top-p prefix short of
             # the target: the CAP best tokens (a flat top-p row, which they cannot decide, skips this
             # pass and the sorts).
-            rescan = (token == -4) & ~wide & ~from_list
+            rescan = (token == UNDECIDED) & ~wide & ~from_list
             if from_list | rescan:  # one call site: the decision's sorts of BUF entries compiled once
                 if rescan:
                     count, n_finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
@@ -416,7 +353,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                     n_want = k
                 token = decide_filtered(temperature, top_p, u, x_max, n_finite, mass, k, n_want, count, use_k, use_p,
                                         packed)
-            if token == -4:  # the key searches over the row
+            if token == UNDECIDED:  # the key searches over the row
                 token = slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass, k, use_k, use_p, lo_p, hi_p,
                                    BLOCK)
     return token

@@ -10,14 +10,13 @@ import torch
 import triton
 
 from ..export.heads import HEADS
-from .filtered import HOT_WORDS, RESULTS, STATS
+from .scratch import PREFIX_SPLITS
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 DECIDE_BYTES = 4096  # the same for dflash_verify's launch that decides greedy / temperature-only rows
 FILTERED_BLOCK = 1024
 CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
-WORK_SLOTS = HOT_WORDS.value + RESULTS.value + STATS.value  # per scratch row after the candidates (filtered.py)
 
 
 
@@ -90,7 +89,6 @@ def filtered_rows_config(decide: RowConfig) -> RowConfig:
 
 
 SPLITS = 16  # chunks per row of the split light pass (at most)
-PREFIX_SPLITS = 8  # chunks per temperature-only row of dflash_verify (at most): see `prefix_chunks`
 
 
 def split_rows(vocab: int, block: int, splits: int = SPLITS) -> tuple[int, int]:
@@ -111,12 +109,6 @@ def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
     search, the best of the layouts timed (16 chunks, per-warp reductions, unreduced lane
     stores, a separate chunk launch: benchmarks/RESULTS.md's history, session 18)."""
     return split_rows(vocab, block, PREFIX_SPLITS)
-
-
-def scratch_width(buf: int) -> int:
-    """int64 words per scratch row: a list of 2 * BUF candidates, the hot lanes, RESULTS +
-    STATS words, then 2 per chunk of a temperature-only row (`verify.prefixes_of`)."""
-    return 2 * buf + WORK_SLOTS + 2 * PREFIX_SPLITS
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:

@@ -54,6 +54,7 @@ from .common import key_value, unsigned_key, weight
 from .dense_collect import (BINS_PER_UNIT, WALK_BYTES, WALK_PAIRS, WALK_STAGES, WIDE_BINS, bin_scale, walk_collect,
                             wide_bins, without_padding)
 from .sampling_rule import KEY_OFFSET, KEY_TOP, PIVOTS, key_weight, load_row, tie_room
+from .scratch import UNDECIDED
 
 MASS_AT_KEYS = tl.constexpr(0)  # the mass of the entries with key >= pivot
 TIES_BELOW = tl.constexpr(1)  # the number of entries tied at the cut with index < pivot
@@ -106,8 +107,8 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
                   LIST: tl.constexpr):
     """The token of a top-p-alone row with mass S = `mass` and rank-0 token `first`, from
     its `count` (<= LIST) candidates (int32 `ordered_key`s at key_ptr, int32 indices at
-    index_ptr): every token with key >= the lowest of them (`filtered.collect`). -4 (not
-    decided) when their mass falls short of top_p * S: the row's general path decides then."""
+    index_ptr): every token with key >= the lowest of them (`filtered.collect`). UNDECIDED
+    when their mass falls short of top_p * S: the row's general path decides then."""
     i = tl.arange(0, LIST)
     live = i < count
     tl.debug_barrier()  # (after a collect by this program: written by other threads)
@@ -115,7 +116,7 @@ def nucleus_token(key_ptr, index_ptr, count, x_max, temperature, top_p, mass, u,
     index = tl.load(index_ptr + i, mask=live, other=-1)
     e = tl.where(live, weight(key_value(key), x_max, temperature), 0.0)
     target = top_p.to(tl.float64) * mass
-    token = tl.zeros((), dtype=tl.int64) - 4
+    token = tl.zeros((), dtype=tl.int64) + UNDECIDED
     if tl.sum(e.to(tl.float64), 0) >= target:
         zero = tl.zeros((), dtype=tl.int64)
         lo = tl.min(tl.where(live, key, 2147483647), 0).to(tl.int64)

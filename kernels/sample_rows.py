@@ -24,8 +24,9 @@ from torch.library import triton_op, wrap_triton
 
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
-from .filtered import filtered_pass, filtered_token, stats_of
-from .launch import check_inputs, check_length, launch_config, scratch_width, split_rows
+from .filtered import filtered_pass, filtered_token
+from .launch import check_inputs, check_length, launch_config, split_rows
+from .scratch import scratch_width, stats_of
 from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
 

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, uniform, unsigned_key, weight,
                      weight_scale)
+from .scratch import SEARCH_LATER, UNDECIDED
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
@@ -629,7 +630,7 @@ def decide_light(row_ptr, vocab, temperature, seed, position, draft, BLOCK: tl.c
 @triton.jit
 def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_max, arg, finite, mass, below):
     """(token, match) of a greedy or temperature-only row from its pass (`scan_lanes`, with
-    d = `valid_draft`): token is -1 for a row with no finite logit, -2 for a
+    d = `valid_draft`): token is -1 for a row with no finite logit, SEARCH_LATER for a
     temperature-only row whose draft does not match: `search_light` with (x_max, mass) finds
     it later, only where it is needed. Temperature only: y == d iff
     below_d <= t < below_d + e_d, with t = u * S."""
@@ -641,7 +642,7 @@ def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_m
         e_d = tl.where((d >= 0) & (x_d > float("-inf")), weight(x_d, x_max, temperature), 0.0)
         t = u.to(tl.float64) * mass
         match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
-        token = tl.where(match, d.to(tl.int64), -2)
+        token = tl.where(match, d.to(tl.int64), SEARCH_LATER)
     return token, match
 
 
@@ -664,7 +665,7 @@ def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, cou
     packed entries: `pack`, INT64_MIN past count), which in SPEC.md's order start with the
     row's min(count, want) best tokens (a prefix of the order). Resolved there when that
     prefix holds the whole top-k set, or (top-p alone) when its mass reaches top_p * S:
-    every later token's C(r-1) is then >= the target. Otherwise -4 (not decided: `slow_token`
+    every later token's C(r-1) is then >= the target. Otherwise UNDECIDED (`slow_token`
     decides from passes over the row)."""
     BUF: tl.constexpr = packed.shape[0]
     rank = tl.arange(0, BUF)
@@ -685,7 +686,7 @@ def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, cou
     kept = tl.where(use_p, kept_p, kept)
     # Without the whole top-k set, S_k is known only when top-k is off (S_k = S).
     resolved = whole_k | (~use_k & use_p & reach)
-    token = tl.zeros((), dtype=tl.int64) - 4
+    token = tl.zeros((), dtype=tl.int64) + UNDECIDED
     if resolved:
         token = _search_candidates(packed, kept, x_max, temperature, u)
     return token

@@ -47,12 +47,13 @@ import triton
 import triton.language as tl
 
 from .dense_collect import WALK_BYTES, WIDE_BINS, bin_scale, walk_collect
-from .filtered import (BINS_LIST, BINS_NO_LIST, HOT_WORDS, WALK_ROW, _candidate_mass, hot_of, keys_of, results_of,
-                       stats_of, stored_pair)
+from .filtered import _candidate_mass
+from .scratch import (BINS_LIST, BINS_NO_LIST, DONE, HOT_WORDS, NOT_READY, S_BINS, S_COUNT, S_MASS, S_WALK_BOUND,
+                      S_WIDE_HI, S_WIDE_LO, S_WIDE_SHORT, S_X_MAX, SPLIT, W_BINS, W_COUNTS, W_FINISHED, W_STARTS, W_STATE,
+                      WALK_ROW, hot_of, keys_of, load_f32, load_f64, results_of, stats_of, stored_pair)
 from .nucleus import WIDE_SLACK, wide_bound_of
 from .sampling_rule import filters
 
-SPLIT = tl.constexpr(32)  # chunks per queued row
 
 
 def walk_chunk(vocab: int, itemsize: int) -> int:
@@ -64,31 +65,16 @@ def walk_chunk(vocab: int, itemsize: int) -> int:
     return -(-per // width) * width
 
 
-def queue_words(num_rows):
-    """int64 words of the queue: [rows queued, tickets taken, the queued rows' pair slots]."""
-    return 2 + num_rows
-
-
-# A queued row's hot words (`filtered.hot_of`): chunks finished in the current phase, SPLIT
-# chunk counts, SPLIT chunk starts (`_pack`), the phase-2 state, then WIDE_BINS int32 bins.
-COUNTS = tl.constexpr(1)
-STARTS = tl.constexpr(COUNTS.value + SPLIT.value)
-STATE = tl.constexpr(STARTS.value + SPLIT.value)  # NOT_READY until phase 1 ends, then DONE or phase 2's bound (>= 0)
-BINS = tl.constexpr(STATE.value + 1)
-NOT_READY = tl.constexpr(-2)
-DONE = tl.constexpr(-1)
-
-
 @triton.jit
 def queue_walk(queue_ptr, slot, buf_ptr, BUF: tl.constexpr):
     """Queue the whole-row walk of this program's row (pair slot `slot`, scratch row at
-    buf_ptr) for the decision launch. queue_ptr: `queue_words`; the first row launch zeroes
+    buf_ptr) for the decision launch. queue_ptr: `scratch.queue_words`; the first row launch zeroes
     its two counts."""
-    tl.static_assert(BINS + WIDE_BINS // 2 <= HOT_WORDS)
+    tl.static_assert(W_BINS + WIDE_BINS // 2 <= HOT_WORDS)
     hot = hot_of(buf_ptr, BUF)
-    tl.store(hot, 0)  # no chunk finished yet
-    tl.store(hot + STATE, NOT_READY)
-    tl.store(hot + BINS + tl.arange(0, WIDE_BINS // 2), 0)
+    tl.store(hot + W_FINISHED, 0)  # no chunk finished yet
+    tl.store(hot + W_STATE, NOT_READY)
+    tl.store(hot + W_BINS + tl.arange(0, WIDE_BINS // 2), 0)
     q = tl.atomic_add(queue_ptr, 1)
     tl.store(queue_ptr + 2 + q, slot)
 
@@ -113,9 +99,9 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
         hot = hot_of(work, BUF)
         stats = stats_of(work, BUF)
         owner, _, row_ptr, _ = stored_pair(results_of(work, BUF), logits_ptr, stride)
-        theta = tl.load(stats + 5)
+        theta = tl.load(stats + S_WALK_BOUND)
         if second:
-            theta = _await(hot + STATE)
+            theta = _await(hot + W_STATE)
         temperature = tl.load(temperature_ptr + owner)
         last = tl.zeros((), dtype=tl.int1)
         if theta < 0:  # DONE (decided after phase 1): no ticket of the row's phase 2 has work
@@ -131,9 +117,9 @@ def split_walks(logits_ptr, stride, vocab, chunk, work_ptr, queue_ptr, asked, te
                 if bound < 0:
                     decide = u // SPLIT
                 else:
-                    tl.store(hot, 0)  # no chunk of phase 2 finished yet
+                    tl.store(hot + W_FINISHED, 0)  # no chunk of phase 2 finished yet
                 tl.debug_barrier()  # the stats, the list and the reset count, before the state
-                tl.atomic_xchg(hot + STATE, tl.where(bound >= 0, bound, DONE), sem="release", scope="gpu")
+                tl.atomic_xchg(hot + W_STATE, tl.where(bound >= 0, bound, DONE), sem="release", scope="gpu")
         if decide >= 0:
             t = 2 * per_phase
         else:
@@ -156,12 +142,12 @@ def _first_outcome(work, stats, vocab, temperature, top_k, top_p, BUF: tl.conste
     """After phase 1 of a queued row (its list packed, or its count left at WALK_ROW or past the
     list): the bound of phase 2, or -1 when phase 1 settles what the decision gets. A top-p-alone
     row whose list falls short of the target or overflows gets its bins' verdict
-    (`nucleus.wide_bound_of`, as `wide_list` gives it; stats words 6..9 for `filtered_token`):
+    (`nucleus.wide_bound_of`, as `wide_list` gives it; S_BINS and S_WIDE_* for `filtered_token`):
     with a bound, the count goes back to WALK_ROW and the bound to the stats (phase 2 packs
     its list there; a segment overflow leaves the decision a whole walk at that bound)."""
-    count = tl.load(stats)
-    x_max = tl.load(stats + 1).to(tl.int32).to(tl.float32, bitcast=True)
-    mass = tl.load(stats + 4).to(tl.float64, bitcast=True)
+    count = tl.load(stats + S_COUNT)
+    x_max = load_f32(stats + S_X_MAX)
+    mass = load_f64(stats + S_MASS)
     use_k, use_p = filters(top_k, top_p, vocab)
     top_p_alone = use_p & ~use_k
     target = top_p.to(tl.float64) * mass
@@ -170,18 +156,18 @@ def _first_outcome(work, stats, vocab, temperature, top_k, top_p, BUF: tl.conste
         short = _candidate_mass(work, count, x_max, temperature) < target
     bound = tl.zeros((), dtype=tl.int64) - 1
     if short:
-        acc = tl.load((hot_of(work, BUF) + BINS).to(tl.pointer_type(tl.int32)) + tl.arange(0, WIDE_BINS),
+        acc = tl.load((hot_of(work, BUF) + W_BINS).to(tl.pointer_type(tl.int32)) + tl.arange(0, WIDE_BINS),
                       cache_modifier=".cg")
         LIST: tl.constexpr = 2 * BUF
         bound, lo, hi, cap_short = wide_bound_of(acc, x_max, bin_scale(temperature), LIST - LIST // WIDE_SLACK, mass,
                                                  target, CAP)
-        tl.store(stats + 7, lo)
-        tl.store(stats + 8, hi)
-        tl.store(stats + 9, cap_short.to(tl.int64))
-        tl.store(stats + 6, tl.where(bound >= 0, BINS_LIST, BINS_NO_LIST))
+        tl.store(stats + S_WIDE_LO, lo)
+        tl.store(stats + S_WIDE_HI, hi)
+        tl.store(stats + S_WIDE_SHORT, cap_short.to(tl.int64))
+        tl.store(stats + S_BINS, tl.where(bound >= 0, BINS_LIST, BINS_NO_LIST))
         if bound >= 0:
-            tl.store(stats, WALK_ROW)
-            tl.store(stats + 5, bound)
+            tl.store(stats + S_COUNT, WALK_ROW)
+            tl.store(stats + S_WALK_BOUND, bound)
     return bound
 
 
@@ -195,13 +181,13 @@ def walk_part(row_ptr, vocab, chunk, part, theta, temperature, buf_ptr, stats_pt
     hot = hot_of(buf_ptr, BUF)
     end = tl.minimum((part + 1) * chunk, vocab)
     start = tl.minimum(part * chunk, end)
-    x_max = tl.load(stats_ptr + 1).to(tl.int32).to(tl.float32, bitcast=True)
+    x_max = load_f32(stats_ptr + S_X_MAX)
     n = walk_collect(row_ptr, start, end, theta, keys_of(buf_ptr) + part * SEGMENT,
                      keys_of(buf_ptr) + 2 * BUF + part * SEGMENT, SEGMENT,
-                     (hot + BINS).to(tl.pointer_type(tl.int32)), x_max, bin_scale(temperature), True)
-    tl.store(hot + COUNTS + part, n)
+                     (hot + W_BINS).to(tl.pointer_type(tl.int32)), x_max, bin_scale(temperature), True)
+    tl.store(hot + W_COUNTS + part, n)
     tl.debug_barrier()  # this program's segment, count and bins, before the count of finished chunks
-    last = tl.atomic_add(hot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+    last = tl.atomic_add(hot + W_FINISHED, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
         tl.debug_barrier()  # the other programs' segments, before this one reads them
         _pack(buf_ptr, stats_ptr, BUF)
@@ -216,21 +202,21 @@ def _pack(buf_ptr, stats_ptr, BUF: tl.constexpr):
     SEGMENT: tl.constexpr = 2 * BUF // SPLIT
     hot = hot_of(buf_ptr, BUF)
     c = tl.arange(0, SPLIT)
-    counts = tl.load(hot + COUNTS + c, cache_modifier=".cg")
+    counts = tl.load(hot + W_COUNTS + c, cache_modifier=".cg")
     total = tl.sum(counts, 0)
     if tl.max(counts, 0) <= SEGMENT:
-        tl.store(hot + STARTS + c, tl.cumsum(counts, 0) - counts)
+        tl.store(hot + W_STARTS + c, tl.cumsum(counts, 0) - counts)
         tl.debug_barrier()  # the starts, stored by other threads
         i = tl.arange(0, 2 * BUF)
         at = i % SEGMENT
-        live = at < tl.load(hot + COUNTS + i // SEGMENT, cache_modifier=".cg")
-        to = tl.load(hot + STARTS + i // SEGMENT) + at
+        live = at < tl.load(hot + W_COUNTS + i // SEGMENT, cache_modifier=".cg")
+        to = tl.load(hot + W_STARTS + i // SEGMENT) + at
         key = tl.load(keys_of(buf_ptr) + i, mask=live, other=0, cache_modifier=".cg")
         index = tl.load(keys_of(buf_ptr) + 2 * BUF + i, mask=live, other=0, cache_modifier=".cg")
         tl.debug_barrier()  # every entry loaded before any moves (to <= i)
         tl.store(keys_of(buf_ptr) + to, key, mask=live)
         tl.store(keys_of(buf_ptr) + 2 * BUF + to, index, mask=live)
-        tl.store(stats_ptr, total)
+        tl.store(stats_ptr + S_COUNT, total)
     elif total > 2 * BUF:
-        tl.store(stats_ptr, total)
+        tl.store(stats_ptr + S_COUNT, total)
     tl.debug_barrier()

@@ -6,7 +6,7 @@ Algorithm, four launches (no host synchronisation between them):
    out as in `export/owners.py`; `launch.decide_config`: 4 KB steps, 4 warps): walks the
    owner layout and reads every row once (`sampling_rule.lane_stats`). Greedy and
    temperature-only rows are decided there (`sampling_rule.light_decision`), without
-   searching for the token where "y == draft" can be answered without it: (token or -2,
+   searching for the token where "y == draft" can be answered without it: (token or SEARCH_LATER,
    match, x_max, mass) to scratch; a temperature-only row also leaves the prefix mass at
    the end of each of its chunks (`launch.prefix_chunks`: 8 chunks at most; `lane_stats`
    with PREFIXES), so that its search, if any, reads one chunk. A top-k / top-p row
@@ -49,20 +49,17 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import (check_inputs, check_length, decide_config, filtered_rows_config, launch_config, scratch_width,
-                     prefix_chunks)
-from .filtered import (PASS_ROW, RESULTS, STATS, WALK_ROW, bound_and_collect, filtered_token, load_lanes,
-                       needs_mass, results_of, stats_of, store_lanes, store_pair, stored_pair)
-from .scratch import Scratch
+from .launch import check_inputs, check_length, decide_config, filtered_rows_config, launch_config, prefix_chunks
+from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
+from .scratch import (FILTERED_ROW, PASS_ROW, QUEUED_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_COUNT, SEARCH_LATER,
+                      UNDECIDED, UNUSED_SLOT, WALK_ROW, Scratch, load_f32, load_f64, prefixes_of, results_of,
+                      scratch_width, stats_of, store_pair, store_results, stored_pair)
 from .split_walk import queue_walk, split_walks, walk_chunk
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
-UNUSED_SLOT = tl.constexpr(-7)  # token mark of a slot that holds no admitted (owner, j) pair
-FILTERED_ROW = tl.constexpr(-5)  # token mark of a top-k / top-p row until verify_filtered_kernel decides it
-QUEUED_ROW = tl.constexpr(-8)  # the same, for a row whose whole-row walk is queued (`split_walk`)
 
 
 @triton.jit
@@ -90,7 +87,7 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates, hot lanes, results, stats
     results = results_of(work, BUF)
     if FILTERED:
-        if tl.load(results) == PASS_ROW:
+        if tl.load(results + R_TOKEN) == PASS_ROW:
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
             _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
                           tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
@@ -102,7 +99,7 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
         used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
         row_ptr = logits_ptr + row * stride
         if not used:
-            tl.store(results, UNUSED_SLOT)
+            tl.store(results + R_TOKEN, UNUSED_SLOT)
         elif GREEDY:
             zero = tl.zeros((), dtype=tl.int64)
             token, match, x_max, mass = decide_light(row_ptr, vocab, zero.to(tl.float32), zero, zero, draft,
@@ -144,7 +141,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
                   queue_ptr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
     BLOCK is the pass's step), then its decision when it has <= 256 candidates; else the mark
-    for verify_filtered_kernel (results 1..3 keep `store_pair`'s): QUEUED_ROW for a row whose
+    for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s): QUEUED_ROW for a row whose
     whole-row walk is queued there (`split_walk.queue_walk`), FILTERED_ROW for the others."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     tl.static_assert(3 * (BLOCK // VEC) <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
@@ -154,12 +151,12 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
                       work, stats, BLOCK, BUF)
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
     token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES, True)
-    if token == -4:  # more candidates than the small decision takes: verify_filtered_kernel
-        if tl.load(stats) == WALK_ROW:
+    if token == UNDECIDED:  # more candidates than the small decision takes: verify_filtered_kernel
+        if tl.load(stats + S_COUNT) == WALK_ROW:
             queue_walk(queue_ptr, tl.program_id(0), work, BUF)
-            tl.store(results, QUEUED_ROW)
+            tl.store(results + R_TOKEN, QUEUED_ROW)
         else:
-            tl.store(results, FILTERED_ROW)
+            tl.store(results + R_TOKEN, FILTERED_ROW)
     else:
         store_filtered(results, token, draft, vocab)
 
@@ -177,7 +174,7 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
     row.)"""
     pid = tl.program_id(0)
     asked = tl.load(queue_ptr)  # (both loads first: most programs only read these two words)
-    own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF)) == FILTERED_ROW
+    own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF) + R_TOKEN) == FILTERED_ROW
     if own | (asked > 0):  # (one branch around everything: the empty launch of the light modes stays cheap;
         # the loads and a loop outside it doubled that launch's time)
         slot = tl.where(own, pid.to(tl.int64), -1)
@@ -201,19 +198,10 @@ def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_po
 
 @triton.jit
 def store_filtered(results, token, draft, vocab):
-    """A top-k / top-p row's decision (`store_results`): its token, and whether it is the draft."""
+    """A top-k / top-p row's decision (`scratch.store_results`): its token, and whether it is the draft."""
     d = valid_draft(draft, vocab)
     zero = tl.zeros((), dtype=tl.float32)
     store_results(results, token, (token == d) & (d >= 0), zero, zero)
-
-
-@triton.jit
-def store_results(results, token, match, x_max, mass):
-    """A row's decision for the accept kernel: token (-2: search it there), match, x_max, mass."""
-    tl.store(results, token)
-    tl.store(results + 1, match.to(tl.int64))
-    tl.store(results + 2, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(results + 3, mass.to(tl.float64).to(tl.int64, bitcast=True))
 
 
 @triton.jit
@@ -222,16 +210,9 @@ def _first_miss(work_ptr, start, n, BUF: tl.constexpr, WORK: tl.constexpr, BLOCK
     miss = n - 1
     for base in range(0, n, BLOCK_J):
         j = base + tl.arange(0, BLOCK_J)
-        matched = tl.load(results_of(work_ptr + (start + j) * WORK, BUF) + 1, mask=j < n, other=1)
+        matched = tl.load(results_of(work_ptr + (start + j) * WORK, BUF) + R_MATCH, mask=j < n, other=1)
         miss = tl.minimum(miss, tl.min(tl.where(matched == 0, j, n - 1), 0))
     return miss
-
-
-@triton.jit
-def prefixes_of(work, BUF: tl.constexpr):
-    """A temperature-only row's chunk-end prefix masses in its scratch row (2 words per chunk,
-    `sampling_rule.store_prefix`): after its results and stats."""
-    return results_of(work, BUF) + RESULTS + STATS
 
 
 @triton.jit
@@ -249,12 +230,12 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         accepted = miss
         work = work_ptr + (start + miss) * WORK
         results = results_of(work, BUF)
-        token = tl.load(results)
+        token = tl.load(results + R_TOKEN)
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
-            if token == -2:  # a temperature-only row: search its token in the chunk that holds it (`store_results`)
+            if token == SEARCH_LATER:  # a temperature-only row: search its token in the chunk that holds it (`scratch.store_results`)
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
-                x_max = tl.load(results + 2).to(tl.int32).to(tl.float32, bitcast=True)
-                mass = tl.load(results + 3).to(tl.float64, bitcast=True)
+                x_max = load_f32(results + R_X_MAX)
+                mass = load_f64(results + R_MASS)
                 token = light_token_from_prefixes(logits_ptr + (first_row + miss) * stride, vocab,
                                                   tl.load(temperature_ptr + owner), u, x_max, mass,
                                                   prefixes_of(work, BUF), chunk, SPLITS, BLOCK)
@@ -266,7 +247,7 @@ def scratch_for(logits, cap: int | None = None, block: int | None = None) -> Scr
     """A fresh scratch for `launch` on `logits` with these `cap` / `block` (to look inside it
     afterwards: `kernels/scratch.py`)."""
     _, heavy = launch_config(logits.shape[1], cap, block, logits.element_size())
-    return Scratch.of(logits.shape[0], scratch_width(heavy.buf), heavy.buf, logits.device)
+    return Scratch.of(logits.shape[0], heavy.buf, logits.device)
 
 
 def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed,
@@ -282,7 +263,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
     if scratch is None:
-        scratch = Scratch.of(num_rows, width, heavy.buf, device)
+        scratch = Scratch.of(num_rows, heavy.buf, device)
     elif scratch.buf != heavy.buf or tuple(scratch.work.shape) != (num_rows, width):
         raise ValueError(f"scratch of {tuple(scratch.work.shape)} words, BUF {scratch.buf}: this launch needs "
                          f"({num_rows}, {width}), BUF {heavy.buf}; make it with scratch_for(logits, cap, block)")

@@ -19,7 +19,8 @@ from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads, legal, rng
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import sample_rows as sample_rows_kernel
-from dflash_et.kernels import filtered, nucleus, sampling_rule, split_walk
+from dflash_et.kernels import filtered, nucleus, sampling_rule
+from dflash_et.kernels import scratch as record
 from dflash_et.kernels import verify as verify_kernel
 
 VERIFY_KEYS = cases.VERIFY_INPUTS
@@ -156,8 +157,8 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
         _check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
 
 
-@pytest.mark.parametrize("mark", [verify_kernel.PASS_ROW.value, verify_kernel.FILTERED_ROW.value,
-                                  verify_kernel.QUEUED_ROW.value])
+@pytest.mark.parametrize("mark", [record.PASS_ROW.value, record.FILTERED_ROW.value,
+                                  record.QUEUED_ROW.value])
 def test_verify_leaves_no_stale_mark_in_its_scratch(mark):
     """The scratch is never cleared (a CUDA graph replays into the same memory), and the
     launches after the first trust its marks (they read a marked row's pair from there, out of
@@ -177,7 +178,7 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark):
         _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
         first_word = scratch.results()[:, 0]
         used = owners_layout.pack_pairs(inp["offsets"].cpu(), inp["logits"].shape[0]).used
-        assert bool((first_word[~used] == verify_kernel.UNUSED_SLOT.value).all()), first_word.tolist()
+        assert bool((first_word[~used] == record.UNUSED_SLOT.value).all()), first_word.tolist()
         assert not bool((first_word[used] == mark).any()), first_word.tolist()
         unused += int((~used).sum())
     assert unused > 0  # the cases had slots that hold no pair
@@ -449,9 +450,9 @@ def test_whole_row_walks_are_split_over_the_decision_launch():
     scratch = verify_kernel.scratch_for(inp["logits"])
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
     assert sorted(scratch.queued_rows()) == spread
-    assert scratch.tickets_taken() >= 2 * 2 * split_walk.SPLIT.value  # every ticket of both phases taken
+    assert scratch.tickets_taken() >= 2 * 2 * record.SPLIT.value  # every ticket of both phases taken
     for r in spread:
-        assert scratch.chunks_finished(r) == split_walk.SPLIT.value
+        assert scratch.chunks_finished(r) == record.SPLIT.value
         stats = scratch.stats(r)
         kept = torch.nonzero(_unsigned_key(logits[r]) >= stats["walk_bound"]).flatten()
         assert 0 < stats["count"] == kept.numel()  # the packed count, not WALK_ROW
@@ -489,22 +490,22 @@ def test_split_walks_past_the_queue_and_past_a_segment():
     _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16, scratch=scratch))
     assert sorted(scratch.queued_rows()) == list(range(32))  # every top-p row walked in chunks
     stats = [scratch.stats(r) for r in range(32)]
-    assert [(stats[r]["count"], stats[r]["bins"]) for r in (20, 21)] == [(75, filtered.BINS_NO_LIST.value)] * 2
-    assert all(stats[r]["count"] == filtered.WALK_ROW.value for r in (22, 23))  # a segment overflowed: walked whole
-    assert stats[19]["bins"] == filtered.BINS_LIST.value  # phase 2 at the bins' bound
+    assert [(stats[r]["count"], stats[r]["bins"]) for r in (20, 21)] == [(75, record.BINS_NO_LIST.value)] * 2
+    assert all(stats[r]["count"] == record.WALK_ROW.value for r in (22, 23))  # a segment overflowed: walked whole
+    assert stats[19]["bins"] == record.BINS_LIST.value  # phase 2 at the bins' bound
     kept = torch.nonzero(_unsigned_key(logits[19].to(torch.bfloat16)) >= stats[19]["walk_bound"]).flatten()
     assert stats[19]["count"] == kept.numel() == 38
     assert torch.equal(scratch.packed_list(19, kept.numel())[0], kept)
-    assert scratch.chunks_finished(19) == split_walk.SPLIT.value  # every chunk of phase 2 finished
+    assert scratch.chunks_finished(19) == record.SPLIT.value  # every chunk of phase 2 finished
     # Rows 0-18 (75 highs spread over 0.5 units, one per 4 logits): the list at the lowest lane
     # maximum (packed) falls short; for top-p 0.3 / 0.6 the bins' list (4 highs per chunk)
     # overflows a segment of phase 2 (walked whole at the bins' bound), for 0.9 / 0.99 the bins
     # show that the 60 best cannot reach the target (no list: the general path).
     for r in range(19):
         if r % 4 < 2:
-            assert (stats[r]["bins"], stats[r]["count"]) == (filtered.BINS_LIST.value, filtered.WALK_ROW.value), r
+            assert (stats[r]["bins"], stats[r]["count"]) == (record.BINS_LIST.value, record.WALK_ROW.value), r
         else:
-            assert stats[r]["bins"] == filtered.BINS_NO_LIST.value and stats[r]["count"] > 0, r
+            assert stats[r]["bins"] == record.BINS_NO_LIST.value and stats[r]["count"] > 0, r
 
 
 @triton.jit
