@@ -49,11 +49,10 @@ import triton.language as tl
 from .dense_collect import WALK_BYTES, WIDE_BINS, bin_scale, walk_collect
 from .filtered import _candidate_mass
 from .scratch import (BINS_LIST, BINS_NO_LIST, DONE, HOT_WORDS, NOT_READY, S_BINS, S_COUNT, S_MASS, S_WALK_BOUND,
-                      S_WIDE_HI, S_WIDE_LO, S_WIDE_SHORT, S_X_MAX, SPLIT, W_BINS, W_COUNTS, W_FINISHED, W_STARTS, W_STATE,
-                      WALK_ROW, hot_of, keys_of, load_f32, load_f64, results_of, stats_of, stored_pair)
+                      S_WIDE_HI, S_WIDE_LO, S_WIDE_SHORT, S_X_MAX, SPLIT, W_BINS, W_COUNTS, W_FINISHED, W_STARTS,
+                      W_STATE, WALK_ROW, hot_of, keys_of, load_f32, load_f64, results_of, stats_of, stored_pair)
 from .nucleus import WIDE_SLACK, wide_bound_of
 from .sampling_rule import filters
-
 
 
 def walk_chunk(vocab: int, itemsize: int) -> int:

@@ -232,7 +232,7 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
         results = results_of(work, BUF)
         token = tl.load(results + R_TOKEN)
         if not GREEDY:  # (the greedy op passes no sampling inputs: compile none of this)
-            if token == SEARCH_LATER:  # a temperature-only row: search its token in the chunk that holds it (`scratch.store_results`)
+            if token == SEARCH_LATER:  # a temperature-only row: search its token in the chunk that holds it
                 u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + miss + 1)
                 x_max = load_f32(results + R_X_MAX)
                 mass = load_f64(results + R_MASS)
