@@ -191,11 +191,10 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
     lane_max, lane_mass, x_max, arg, finite, mass = filtered_lanes(row_ptr, vocab, temperature, top_k, top_p,
                                                                    BLOCK, STAGES)
-    tl.static_assert(3 * lane_max.shape[0] <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
     # Through scratch, as `dflash_verify`'s launches hand them over: the bound they give picks the
     # collect's slots, and a helper's result would count as a write to the row for torch's
     # mutation analysis (the package docstring).
-    store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass)
+    store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF)
     tl.debug_barrier()  # stored by other threads
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
@@ -223,12 +222,13 @@ def needs_mass(top_k, top_p, vocab):
 
 
 @triton.jit
-def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass):
+def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF: tl.constexpr):
     """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
     masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
     words [LANES, 1.5 LANES) (`load_lanes` reads them before `bound_and_collect` overwrites the list),
     the row's stats in its STATS words (`scratch.store_stats`)."""
     LANES: tl.constexpr = lane_max.shape[0]
+    tl.static_assert(3 * LANES <= 4 * BUF)  # the 1.5 LANES words fit the 2 * BUF of the list
     r = tl.arange(0, LANES)
     tl.store(buf_ptr.to(tl.pointer_type(tl.float64)) + r, lane_mass)
     tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r, lane_max)

@@ -132,7 +132,7 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
                                       below)
         store_results(results, token, match, x_max, mass)
     else:
-        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass)
+        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)
 
 
@@ -144,7 +144,6 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
     for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s): QUEUED_ROW for a row whose
     whole-row walk is queued there (`split_walk.queue_walk`), FILTERED_ROW for the others."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    tl.static_assert(3 * (BLOCK // VEC) <= 4 * BUF)  # `store_lanes`' 1.5 LANES words fit the 2 * BUF of the list
     stats = stats_of(work, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
