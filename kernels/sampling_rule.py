@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, uniform, unsigned_key, weight,
                      weight_scale)
-from .scratch import SEARCH_LATER, UNDECIDED
+from .scratch import SEARCH_LATER, UNDECIDED, f32_word, f64_word, word_f32, word_f64
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
@@ -163,9 +163,8 @@ def store_prefix(prefix_ptr, lane_max, lane_mass, scale):
     the row's prefix mass up to this step, for `light_token_from_prefixes`."""
     x_max = tl.max(lane_max, 0)
     m = tl.where(x_max > float("-inf"), x_max, 0.0)
-    tl.store(prefix_ptr, x_max.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(prefix_ptr + 1, tl.sum(lane_mass * scaled_weight(lane_max, m, scale).to(tl.float64), 0)
-             .to(tl.int64, bitcast=True))
+    tl.store(prefix_ptr, f32_word(x_max))
+    tl.store(prefix_ptr + 1, f64_word(tl.sum(lane_mass * scaled_weight(lane_max, m, scale).to(tl.float64), 0)))
 
 
 @triton.jit
@@ -309,10 +308,10 @@ def is_light(temperature, top_k, top_p, vocab):
 @triton.jit
 def store_chunk(part_ptr, x_max, arg, finite, mass):
     """One chunk's partial results, as four int64 words."""
-    tl.store(part_ptr, x_max.to(tl.int32, bitcast=True).to(tl.int64))
+    tl.store(part_ptr, f32_word(x_max))
     tl.store(part_ptr + 1, arg.to(tl.int64))
     tl.store(part_ptr + 2, finite.to(tl.int64))
-    tl.store(part_ptr + 3, mass.to(tl.int64, bitcast=True))
+    tl.store(part_ptr + 3, f64_word(mass))
 
 
 @triton.jit
@@ -334,7 +333,7 @@ def light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr, chunk, SPL
     search runs in the one chunk where the chunks' prefix mass first exceeds t (else the
     last chunk with mass), from that chunk's preceding mass."""
     c = tl.arange(0, SPLITS)
-    m = tl.load(part_ptr + c * 4).to(tl.int32).to(tl.float32, bitcast=True)
+    m = word_f32(tl.load(part_ptr + c * 4))
     a = tl.load(part_ptr + c * 4 + 1)
     finite = tl.sum(tl.load(part_ptr + c * 4 + 2), 0)
     x_max = tl.max(m, 0)
@@ -342,7 +341,7 @@ def light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr, chunk, SPL
     token = tl.where(finite > 0, token, -1)
     if (temperature > 0) & (finite > 0):
         scale = tl.where(m > float("-inf"), weight(m, x_max, temperature), 0.0).to(tl.float64)
-        mass = tl.load(part_ptr + c * 4 + 3).to(tl.float64, bitcast=True) * scale
+        mass = word_f64(tl.load(part_ptr + c * 4 + 3)) * scale
         prefix = tl.cumsum(mass, 0)
         t = u.to(tl.float64) * tl.sum(mass, 0)
         hit = tl.min(tl.where(prefix > t, c, SPLITS), 0)
@@ -365,8 +364,8 @@ def light_token_from_prefixes(row_ptr, vocab, temperature, u, x_max, mass, prefi
     from SPEC.md's), far inside the 1e-6 * S band where a decision may differ."""
     c = tl.arange(0, SPLITS)
     inside = c < (vocab + chunk - 1) // chunk - 1  # chunks that end inside the row
-    m = tl.load(prefix_ptr + 2 * c, mask=inside, other=0).to(tl.int32).to(tl.float32, bitcast=True)
-    s = tl.load(prefix_ptr + 2 * c + 1, mask=inside, other=0).to(tl.float64, bitcast=True)
+    m = word_f32(tl.load(prefix_ptr + 2 * c, mask=inside, other=0))
+    s = word_f64(tl.load(prefix_ptr + 2 * c + 1, mask=inside, other=0))
     p = tl.where(m > float("-inf"), s * weight(m, x_max, temperature).to(tl.float64), 0.0)
     p = tl.where(inside, p, mass)
     t = u.to(tl.float64) * mass

@@ -17,8 +17,9 @@ A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per lo
   end (`sampling_rule.store_prefix`).
 `queue`: [rows queued, tickets taken, the queued rows' pair slots].
 
-Floats are stored as their bits: float32 in the low 32 bits of a word (`f32_word`,
-`load_f32`), float64 as the whole word (`f64_word`, `load_f64`).
+Floats are stored as their bits: float32 in the low 32 bits of a word (`f32_word`;
+`word_f32`, `load_f32` read it), float64 as the whole word (`f64_word`; `word_f64`,
+`load_f64`). `sampling_rule`'s chunk partials use the same words.
 """
 
 from dataclasses import dataclass
@@ -123,15 +124,27 @@ def f64_word(x):
 
 
 @triton.jit
+def word_f32(word):
+    """The float32 of an `f32_word` (loaded)."""
+    return word.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def word_f64(word):
+    """The float64 of an `f64_word` (loaded)."""
+    return word.to(tl.float64, bitcast=True)
+
+
+@triton.jit
 def load_f32(ptr):
     """A float32 stored by `f32_word`."""
-    return tl.load(ptr).to(tl.int32).to(tl.float32, bitcast=True)
+    return word_f32(tl.load(ptr))
 
 
 @triton.jit
 def load_f64(ptr):
     """A float64 stored by `f64_word`."""
-    return tl.load(ptr).to(tl.float64, bitcast=True)
+    return word_f64(tl.load(ptr))
 
 
 @triton.jit
