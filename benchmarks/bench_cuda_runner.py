@@ -13,6 +13,10 @@ commits one token per verify; a step costs the same whatever is accepted (the ve
 are fixed by the block), so with drafts that are always right it would commit block_size
 tokens per step: the table gives that figure as step time / block_size.
 
+`--graphs both` (the default) runs each mode twice: as the backend launches it, and with the
+runner's --cuda-graphs (each method's calls replayed as CUDA graphs). The difference is the
+launch and allocation overhead that graphs remove (issue #26).
+
 A second table puts target_verify and draft_forward against their roofline (`roofline.py`:
 bytes / copy bandwidth or FLOPs / bf16 matmul rate, both measured in this run), at each
 owner's mean context during the run (prompt + half the new tokens).
@@ -59,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="speculative,target-only",
                     help="the runner runs, comma-separated (a long-context program reloads its .ptd for each: "
                          "give one to fit a device call)")
+    ap.add_argument("--graphs", choices=("off", "on", "both"), default="both",
+                    help="run without the runner's --cuda-graphs, with it, or both (default)")
     ap.add_argument("--out", help="also write the table here")
     args = ap.parse_args(argv)
 
@@ -105,21 +111,28 @@ def main(argv=None) -> int:
              f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
              f"({MIX_TEXT[args.mix if sampling else 'greedy']}), block {c['block_size']}", "",
              "(a method's us, then in brackets its host us: until the call returned, before the GPU finished)", "",
-             "| mode | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
-             "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|"]
-    timings = {}
+             "| mode | CUDA graphs | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
+             "tokens/s, drafts always right (step / block) |", "|---|---|---|---|---|---|---|---|"]
+    timings = {}  # {mode: {method: median us}}, of the runs with graphs where there are any
+    graph_runs = {"off": [False], "on": [True], "both": [False, True]}[args.graphs]
     try:
         for mode in modes:
-            done = subprocess.run([args.runner, "--program", out / "model.pte", "--data", out / "aoti_cuda_blob.ptd",
-                                   "--timing", *flags[mode], "--owners", listed.name], capture_output=True, text=True)
-            if done.returncode != 0:
-                print(done.stderr[-3000:], file=sys.stderr)
-                return 1
-            got = runner_cli.parse(done.stdout)
-            t = timings[mode] = {m: v["median_us"] for m, v in got["timing"].items()}
-            right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
-            lines.append(f"| {mode} | {with_host(t, 'draft_forward')} | {with_host(t, 'target_verify')} | {t['step']:.0f} | "
-                         f"{t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | {right} |")
+            for graphs in graph_runs:
+                done = subprocess.run([args.runner, "--program", out / "model.pte", "--data",
+                                       out / "aoti_cuda_blob.ptd", "--timing", *flags[mode],
+                                       *(["--cuda-graphs"] if graphs else []), "--owners", listed.name],
+                                      capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                got = runner_cli.parse(done.stdout)
+                t = timings[mode] = {m: v["median_us"] for m, v in got["timing"].items()}
+                right = f"{n * c['block_size'] / (t['step'] * 1e-6):.0f}" if mode == "speculative" else "-"
+                used = got["cuda_graphs"]
+                used = f"{used['captured']} captured, {used['replayed']} calls" if graphs else "off"
+                lines.append(f"| {mode} | {used} | {with_host(t, 'draft_forward')} | {with_host(t, 'target_verify')} | "
+                             f"{t['step']:.0f} | {t['target_prefill']:.0f} | {got['loop']['tokens_per_second']:.0f} | "
+                             f"{right} |")
     finally:
         Path(listed.name).unlink()
     lines += ["", *roofline_lines(cfg, n, [length + args.new / 2 for length in lengths], timings)]

@@ -59,8 +59,10 @@ def owner_args(owners: list[driver.Owner]) -> list[str]:
 
 def parse(stdout: str) -> dict:
     """The runner's records: tokens and stats per owner, acceptance per step, the totals,
-    and (--timing) the per-method times and the loop's throughput."""
-    out = {"tokens": {}, "stats": {}, "steps": [], "drafts": [], "total": None, "timing": {}, "loop": None}
+    (--timing) the per-method times and the loop's throughput, and (--cuda-graphs) the graphs
+    captured and the calls replayed."""
+    out = {"tokens": {}, "stats": {}, "steps": [], "drafts": [], "total": None, "timing": {}, "loop": None,
+           "cuda_graphs": None}
     for line in stdout.splitlines():
         words = line.split()
         if line.startswith("owner ") and words[2] == "tokens:":
@@ -78,4 +80,6 @@ def parse(stdout: str) -> dict:
             out["loop"] = dict(zip(words[2::2], map(float, words[3::2])))
         elif line.startswith("timing "):
             out["timing"][words[1]] = dict(zip(words[2::2], map(float, words[3::2])))
+        elif line.startswith("cuda_graphs "):
+            out["cuda_graphs"] = dict(zip(words[1::2], map(int, words[2::2])))
     return out

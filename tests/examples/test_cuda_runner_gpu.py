@@ -225,6 +225,26 @@ def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
             assert max(rows) == program.constants["block_size"]  # whole blocks committed: real drafts
 
 
+@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32-attn"])
+def test_cuda_graphs_commit_the_same_tokens(artifacts, name):
+    """--cuda-graphs (cuda/executorch-v1.2.0-cuda-graphs.patch): each method's calls replayed as
+    CUDA graphs commit the CPU reference's tokens, speculative and target-only, and graphs were
+    captured and replayed (a backend that captured nothing would pass the token check alone)."""
+    artifacts[name]
+    program = _eager(name, "cpu")
+    owners = _owners(program, seed=F32_SEED)
+    for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
+        want = driver.generate(program, owners, mode=mode)
+        got = _runner(artifacts, name, owners, "--cuda-graphs", *flags)
+        differ = _differing(got, want, owners)
+        graphs = got["cuda_graphs"]
+        print(f"\nfloat32 {name} {mode} --cuda-graphs: {len(owners) - len(differ)}/{len(owners)} owners identical "
+              f"to the CPU reference; graphs {graphs}")
+        assert differ == [], differ
+        assert got["steps"] == [s.acceptance for s in want.steps]
+        assert graphs is not None and graphs["captured"] >= 1 and graphs["replayed"] >= 1, graphs
+
+
 def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):
     """bfloat16: the compiled model (AOTInductor's fused kernels) and the eager modules round
     differently, and on the tiny random model's near-flat rows a last-bit logit change picks

@@ -116,7 +116,7 @@ std::string join(const std::vector<int64_t>& values, const char* sep = " ") {
 // Command line
 
 const char* kUsage = R"(usage: dflash_runner --program MODEL.pte [--data BLOB.ptd] --owner SPEC [--owner SPEC ...]
-                     [--owners FILE] [--target-only] [--drafts] [--timing]
+                     [--owners FILE] [--target-only] [--drafts] [--timing] [--cuda-graphs]
 
 Drives a dflash-et DFlash program (contract_version 1, docs/CONTRACT.md) through the
 ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
@@ -144,6 +144,10 @@ ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
   --drafts         also print every step's draft_forward drafts
   --timing         also print per-method call times (median, mean; <method>.host: until the call
                    returned to the host, before the GPU finished) and committed tokens per second
+  --cuda-graphs    CUDA programs: replay each method's calls as CUDA graphs (captured at the second
+                   call of each input shape, up to 8 shapes a method; a call that a graph cannot
+                   hold runs as it is, with a logged error): one launch a call instead of one per
+                   kernel. Tokens are the same; prints a 'cuda_graphs' record
   --no-shared-state  CUDA build, diagnostic only: load the methods without sharing their state, so
                    target_verify does not see the caches target_prefill wrote (the tokens are then
                    wrong; the GPU test uses this to show that the sharing is what makes them right)
@@ -159,6 +163,7 @@ Output (stdout), one record a line:
   total: steps <s> verifies <v> committed <c> mean_acceptance <m> tokens_per_step <t>
   timing <method> calls <n> median_us <m> mean_us <a>   (--timing; 'step' is draft + verify + commit)
   timing loop seconds <s> committed <c> tokens_per_second <r>   (--timing; prefill included)
+  cuda_graphs captured <g> replayed <r>   (--cuda-graphs: graphs captured, calls that ran as one)
 (<i> counts the owners from 0, in the order given; committed = tokens committed by target_verify,
 the sum of accepted+1; the first token, from target_prefill, is not in it.)
 
@@ -185,6 +190,7 @@ struct Options {
   bool drafts = false;
   bool timing = false;
   bool shared_state = true;
+  bool cuda_graphs = false;
 };
 
 int64_t parse_int(const std::string& text, const std::string& what) {
@@ -286,6 +292,8 @@ bool parse_args(int argc, char** argv, Options& options) {
       options.timing = true;
     } else if (arg == "--no-shared-state") {
       options.shared_state = false;
+    } else if (arg == "--cuda-graphs") {
+      options.cuda_graphs = true;
     } else if (arg == "--data" || arg.rfind("--data=", 0) == 0) {
       options.data = value("--data");
     } else if (arg == "--program" || arg.rfind("--program=", 0) == 0) {
@@ -436,14 +444,15 @@ ScalarType dtype_of(const std::string& model_dtype) {
 
 class DFlashProgram {
  public:
-  DFlashProgram(const std::string& path, const std::string& data, bool timing, bool shared_state)
+  DFlashProgram(const std::string& path, const std::string& data, bool timing, bool shared_state,
+                bool cuda_graphs)
       : path_(path), timing_(timing) {
     require_file(path, "give --program the model.pte written by `dflash-et export`");
     if (!data.empty()) require_file(data, "give --data the aoti_cuda_blob.ptd written beside the model.pte");
     // The program alone first: its constants and backend say whether the .ptd belongs to it.
     load_module("");
     check_contract();
-    check_backend(data, shared_state);
+    check_backend(data, shared_state, cuda_graphs);
     if (cuda_) load_module(data);  // the methods' code and weights are in the .ptd
 #ifdef DFLASH_RUNNER_CUDA
     if (cuda_) warn_missing_shims(data);
@@ -490,6 +499,23 @@ class DFlashProgram {
   ScalarType hidden_dtype = ScalarType::Undefined;
   // --timing: microseconds of every call, per method (and "step", filled by the loop).
   std::map<std::string, std::vector<double>> times;
+
+  // --cuda-graphs: (graphs the backend captured, calls that ran as a graph).
+  std::pair<int, int> cuda_graphs() const {
+    int captured = 0, replayed = 0;
+#ifdef DFLASH_RUNNER_CUDA
+    executorch::runtime::BackendOptions<2> query;
+    query.set_option("dflash_cuda_graphs_captured", 0);
+    query.set_option("dflash_cuda_graphs_replayed", 0);
+    auto view = query.view();
+    if (executorch::runtime::get_option("CudaBackend", view) != Error::Ok) {
+      failed("reading the CUDA backend's graph counters failed");
+    }
+    captured = std::get<int>(view[0].value);
+    replayed = std::get<int>(view[1].value);
+#endif
+    return {captured, replayed};
+  }
 
   void synchronize() const {
 #ifdef DFLASH_RUNNER_CUDA
@@ -602,7 +628,7 @@ class DFlashProgram {
 
   // CPU or CUDA program (its methods are CudaBackend delegates), with the right files and a
   // runner that can run it; a CUDA program's backend is set up before any method loads.
-  void check_backend(const std::string& data, bool shared_state) {
+  void check_backend(const std::string& data, bool shared_state, bool cuda_graphs) {
     for (const char* name : {"target_prefill", "target_verify"}) {
       if (!names_.count(name)) continue;  // check_methods says so
       auto meta = module_->method_meta(name);
@@ -621,15 +647,18 @@ class DFlashProgram {
     }
     if (!cuda_) {
       if (!shared_state) bad_input("--no-shared-state is for CUDA programs");
+      if (cuda_graphs) bad_input("--cuda-graphs is for CUDA programs: " + path_ + " is a CPU program");
       return;
     }
     check_data_belongs(path_, data);
 #ifdef DFLASH_RUNNER_CUDA
     // One stream for every method (each waits for the state the previous one wrote), and the
     // outputs of the methods that return `hidden` left on the GPU (we copy their ids out).
-    executorch::runtime::BackendOptions<2> global;
+    // --cuda-graphs: cuda/executorch-v1.2.0-cuda-graphs.patch (the methods loaded while it is set).
+    executorch::runtime::BackendOptions<3> global;
     global.set_option("use_shared_cuda_stream", true);
     global.set_option("skip_copy_output_to_cpu_for_method", "target_prefill,target_verify");
+    global.set_option("dflash_cuda_graphs", cuda_graphs);
     Error e = executorch::runtime::set_option("CudaBackend", global.view());
     if (e != Error::Ok) failed("setting the CUDA backend's options failed (" + error_name(e) + ")");
     keep_pool_memory();
@@ -1187,7 +1216,7 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  DFlashProgram program(options.program, options.data, options.timing, options.shared_state);
+  DFlashProgram program(options.program, options.data, options.timing, options.shared_state, options.cuda_graphs);
   check_owners(program, options.owners);
   std::vector<Owner> owners(options.owners.size());
   for (size_t i = 0; i < owners.size(); ++i) {
@@ -1199,6 +1228,10 @@ int run(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report(program, owners, steps, options.drafts);
   if (options.timing) report_timing(program, owners, seconds);
+  if (options.cuda_graphs) {
+    const auto [captured, replayed] = program.cuda_graphs();
+    std::printf("cuda_graphs captured %d replayed %d\n", captured, replayed);
+  }
   return 0;
 }
 

@@ -1,5 +1,5 @@
 # The CUDA build of dflash_runner (DFLASH_RUNNER_CUDA=ON): ExecuTorch 1.2.0's CUDA backend,
-# compiled from an ExecuTorch v1.2.0 source tree with our share-constants and dtypes patches,
+# compiled from an ExecuTorch v1.2.0 source tree with our share-constants, CUDA-graphs and dtypes patches,
 # into the runner itself, which links the C++ runtime that the executorch 1.2.0 wheel ships inside
 # its Python extension (_portable_lib). scripts/build-cuda-runner.sh drives this.
 #
@@ -85,7 +85,15 @@ execute_process(
 if(NOT _patch_rc EQUAL 0)
   message(FATAL_ERROR "${_patch} does not apply to ${_backend_cpp} (is it v1.2.0, unmodified?):\n${_patch_out}")
 endif()
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_patch}" "${_backend_cpp}")
+# Then CUDA graphs (the runner's --cuda-graphs): written against the share-constants result.
+set(_graphs_patch "${CMAKE_CURRENT_SOURCE_DIR}/cuda/executorch-v1.2.0-cuda-graphs.patch")
+execute_process(
+  COMMAND "${PATCH_EXECUTABLE}" --quiet --forward -i "${_graphs_patch}" "${_patched}"
+  RESULT_VARIABLE _patch_rc OUTPUT_VARIABLE _patch_out ERROR_VARIABLE _patch_out)
+if(NOT _patch_rc EQUAL 0)
+  message(FATAL_ERROR "${_graphs_patch} does not apply after ${_patch}:\n${_patch_out}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_patch}" "${_graphs_patch}" "${_backend_cpp}")
 
 # float64 and uint8 tensors (the plain heads' masses, inductor's workspaces): patched copies
 # of three slim-tensor files in an overlay include directory searched before the source tree
