@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
-from dflash_et.kernels import cached_attention, greedy_rows, sample_rows, verify
+from dflash_et.kernels import cached_attention, delta_rows, greedy_rows, sample_rows, verify
 from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch_config, prefix_chunks, split_rows
 from dflash_et.kernels.scratch import scratch_width
 
@@ -191,6 +191,14 @@ def main(argv=None) -> int:
                 meta, warps, types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
                                     "scale": "fp64",  # as AOTInductor passes a Python float
                                     **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
+        # issue #27's recurrence at Qwen3.5's shapes (dk = dv = 128, K = 4; the model dtype follows the logits')
+        model = logits if logits == "*fp32" else "*bf16"
+        ok &= compile_one(
+            f"delta_rows {logits}", delta_rows.delta_rows_kernel, logits,
+            dict(K=4, RING=4, DK=128, DKP=128, DV=128, BV=delta_rows.BLOCK_V), 4,
+            types={**{p: model for p in ("mixed_ptr", "a_ptr", "b_ptr", "weight_ptr", "a_log_ptr", "dt_bias_ptr",
+                                         "windows_ptr", "windows_out_ptr")},
+                   **{p: "*fp32" for p in ("states_ptr", "states_out_ptr", "core_ptr")}, "scale": "fp64"})
     print("all kernels compile" if ok else "some kernels failed to compile")
     return 0 if ok else 1
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import heads, methods, models, sampling
-from .config import ConfigError, ExportConfig
+from .config import ExportConfig
 from .methods import MethodSpec, ProgramSpec, TensorSpec
 from .models import dflash, layers, llama, packing
 
@@ -216,12 +216,6 @@ class DraftForward(nn.Module):
 
 
 def build(cfg: ExportConfig) -> ProgramSpec:
-    if cfg.backend == "cuda" and isinstance(models.target_config(cfg.model)[0], models.HybridConfig):
-        raise ConfigError(
-            f"model.target {cfg.model.target} is a Qwen3.5 hybrid target, which has no CUDA lowering yet (its "
-            "linear-attention recurrence is a scan that copies every slot's state per row: a fused kernel is "
-            "missing, issue #27); export it with backend: portable"
-        )
     target, drafter = models.load(cfg.model, cfg.limits)
     tcfg, dcfg = target.cfg, drafter.cfg
     taps = tuple(dcfg.target_layer_ids)

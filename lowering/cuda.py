@@ -162,9 +162,11 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
 
 def _fused_kinds(cfg) -> list[tuple[str, ...]]:
     """The region kinds (lowering/fuse_verify.py: REGIONS) `cfg` fuses, by setting: the verify
-    heads and the drafts' argmax (`lowering.fused_verify`), the attention (`fused_attention`)."""
+    heads and the drafts' argmax (`lowering.fused_verify`), the attention (`fused_attention`);
+    and always a hybrid target's recurrence (`delta_rows`: no plain CUDA lowering)."""
     return [kinds for on, kinds in ((cfg.lowering.fused_verify, (*HEADS, "greedy_rows")),
-                                    (cfg.lowering.fused_attention, ("cached_attention",))) if on]
+                                    (cfg.lowering.fused_attention, ("cached_attention",)),
+                                    (True, ("delta_rows",))) if on]
 
 
 def traced_fused(spec, cfg):

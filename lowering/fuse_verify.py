@@ -1,6 +1,7 @@
 """Swap each verify head's ATen subgraph for one call to its fused `dflash::` op (and, asked
 for by name, each `layers.CachedAttention` for `dflash::cached_attention`, each
-`layers.GreedyRows` for `dflash::greedy_rows`).
+`layers.GreedyRows` for `dflash::greedy_rows`, each `qwen3_5.DeltaRows` for
+`dflash::delta_rows`).
 
 A head is found by its module, never by op patterns: every node traced inside a
 head module carries that module (path and class) in `nn_module_stack`, and while
@@ -33,7 +34,7 @@ from torch import fx
 
 from ..export.boundary import MARKER, mark
 from ..export.heads import HEADS
-from ..export.models import layers
+from ..export.models import layers, qwen3_5
 from .errors import LoweringError
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ REGIONS = {
                                                         (torch.int64, 1), (torch.int64, 1)), 1,
                                "lowering.fused_attention: false"),
     "greedy_rows": Region(layers.GreedyRows, ((None, 2),), 1, "lowering.fused_verify: false"),  # the drafts' argmax
+    # A hybrid target's recurrence (slot, conv input, a, b, conv weight, A_log, dt_bias, windows, states): always
+    # fused in a CUDA export, whose partitioner cannot take its scan.
+    "delta_rows": Region(qwen3_5.DeltaRows, ((torch.int64, 1), (None, 2), (None, 2), (None, 2), (None, 2), (None, 1),
+                                             (None, 1), (None, 3), (None, 4)), 3,
+                         "backend: portable (a CUDA export of a hybrid target always fuses its recurrence)"),
 }
 
 
@@ -79,7 +85,8 @@ class Match:
     fqn: str  # module path of the head ("" for the exported root)
     nodes: list[fx.Node]  # the region, in graph order
     inputs: list[fx.Node]  # head arguments, in signature order
-    outputs: list[fx.Node]  # head results, in signature order
+    outputs: list[fx.Node | None]  # head results, in signature order (None: a result nothing reads)
+    values: list  # the results' meta["val"]
 
 
 @dataclass
@@ -99,8 +106,9 @@ def _head_of(node: fx.Node, by_class: dict[str, str]) -> tuple[str, str] | None:
     return found
 
 
-def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], list[fx.Node]]:
-    """(arguments, results) of one head call, from its boundary markers."""
+def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], list[fx.Node | None], list]:
+    """(arguments, results, the results' values) of one head call, from its boundary markers (a
+    result nothing reads, e.g. the outputs of a hybrid target's commit, is None)."""
     where = f"head {head} at {fqn or '<root>'}"
     marks = {role: [n for n in nodes if n.target is MARKER and n.args[2] == role] for role in ("inputs", "outputs")}
     if len(marks["inputs"]) != 1 or len(marks["outputs"]) != 1:
@@ -111,10 +119,10 @@ def _markers(nodes: list[fx.Node], head: str, fqn: str) -> tuple[list[fx.Node], 
     for marker in (enter, leave):
         if marker.args[1] != head:
             raise FuseError(f"{where}: marker {marker.name} belongs to head {marker.args[1]}")
-    results = sorted((u for u in leave.users if u.target is operator.getitem), key=lambda u: u.args[1])
-    if len(results) != len(leave.args[0]) or len(results) != len(leave.users):
+    read = {u.args[1]: u for u in leave.users if u.target is operator.getitem}
+    if len(read) != len(leave.users) or not read:
         raise FuseError(f"{where}: results of marker {leave.name} are not all read by position")
-    return list(enter.args[0]), results
+    return list(enter.args[0]), [read.get(i) for i in range(len(leave.args[0]))], list(leave.meta["val"])
 
 
 def match(ep: torch.export.ExportedProgram, kinds: tuple[str, ...] = tuple(HEADS)) -> list[Match]:
@@ -130,9 +138,9 @@ def match(ep: torch.export.ExportedProgram, kinds: tuple[str, ...] = tuple(HEADS
                 regions.setdefault(head, []).append(node)
     matches = []
     for (head, fqn), nodes in regions.items():
-        inputs, outputs = _markers(nodes, head, fqn)
+        inputs, outputs, values = _markers(nodes, head, fqn)
         _check(head, fqn, nodes, inputs, outputs)
-        matches.append(Match(head, fqn, nodes, inputs, outputs))
+        matches.append(Match(head, fqn, nodes, inputs, outputs, values))
     return matches
 
 
@@ -186,9 +194,10 @@ def rewrite(graph: fx.Graph, m: Match) -> dict[str, str]:
     op, _ = _fused_op(m.head, [n.meta["val"] for n in m.inputs])
     with graph.inserting_after(m.nodes[-1]):
         call = graph.call_function(op, tuple(m.inputs))
-    vals = [o.meta["val"] for o in m.outputs]
+    vals = m.values
     call.meta["val"] = tuple(vals) if len(vals) > 1 else vals[0]
-    call.meta["nn_module_stack"] = dict(m.outputs[0].meta.get("nn_module_stack") or {})
+    read = [o for o in m.outputs if o is not None]
+    call.meta["nn_module_stack"] = dict(read[0].meta.get("nn_module_stack") or {})
     replacements = [call]
     if len(m.outputs) > 1:
         replacements, prev = [], call
@@ -199,10 +208,11 @@ def rewrite(graph: fx.Graph, m: Match) -> dict[str, str]:
             replacements.append(prev)
     region = set(m.nodes)
     for out, new in zip(m.outputs, replacements):
-        out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in region)
+        if out is not None:
+            out.replace_all_uses_with(new, delete_user_cb=lambda user: user not in region)
     for node in reversed(m.nodes):
         graph.erase_node(node)
-    return {out.name: new.name for out, new in zip(m.outputs, replacements)}
+    return {out.name: new.name for out, new in zip(m.outputs, replacements) if out is not None}
 
 
 def _rename_outputs(signature, renamed: dict[str, str]) -> None:

@@ -21,7 +21,7 @@ from torch._higher_order_ops import triton_kernel_wrap
 from triton.backends.compiler import GPUTarget
 
 from dflash_et.export import cases
-from dflash_et.kernels import cached_attention, sample_rows, verify
+from dflash_et.kernels import cached_attention, delta_rows, sample_rows, verify
 
 
 class Sm90:
@@ -132,7 +132,7 @@ def main():
                 launches.append((self.kernel, {**dict(zip(self.kernel.arg_names, args)), **kw}))
             return run
 
-    verify.wrap_triton = sample_rows.wrap_triton = cached_attention.wrap_triton = Spy
+    verify.wrap_triton = sample_rows.wrap_triton = cached_attention.wrap_triton = delta_rows.wrap_triton = Spy
     g = torch.Generator().manual_seed(0)
     inp = cases.verify_case(g, 1000, 8, 4, torch.bfloat16)
     verify.launch(*[inp[k] for k in cases.VERIFY_INPUTS])
@@ -142,6 +142,11 @@ def main():
     rows = torch.zeros(3, dtype=torch.int64)
     cached_attention.cached_attention(torch.zeros(3, 4, 16, dtype=torch.bfloat16), cache, cache.clone(), rows, rows,
                                       rows + 5)
+    windows, states = torch.zeros(3, 3, 4 * 8 + 2 * 8, dtype=torch.bfloat16), torch.zeros(3, 2, 8, 8)
+    mixed, ab = torch.zeros(5, windows.shape[2], dtype=torch.bfloat16), torch.zeros(5, 2, dtype=torch.bfloat16)
+    delta_rows.delta_rows(torch.zeros(5, dtype=torch.int64), mixed, ab, ab.clone(),
+                          torch.zeros(windows.shape[2], 4, dtype=torch.bfloat16), ab[0].clone(), ab[0].clone(),
+                          windows, states)
     if arg is not None:
         for kernel, kwargs in launches:
             ttir, names = triton_kernel_wrap.generate_ttir(kernel, kwargs, {})

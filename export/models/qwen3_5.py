@@ -28,12 +28,13 @@ from the saved state), then runs its own rows. The count never leaves the device
 whose rows start at position 0 starts from zero state (a new sequence, maybe in a slot
 another owner used). Costs: docs/CONTRACT.md, "Hybrid targets".
 
-The recurrence is one `scan` over rows in packed order, its carry every slot's conv window
-and state: rows padded to `max_rows` and rows of no valid owner sent to the scratch slot,
-so shapes are static and the body is traced once (the ExecuTorch emitter plans carries at
-their upper bound). Its cost per row copies the carry: fine for portable programs of
-small models; a CUDA program would swap in a fused kernel, as `lowering.fused_attention`
-does for the attention.
+The recurrence (`DeltaRows`) is one `scan` over rows in packed order, its carry every slot's
+conv window and state: rows padded to `max_rows` and rows of no valid owner sent to the
+scratch slot, so shapes are static and the body is traced once (the ExecuTorch emitter plans
+carries at their upper bound). Its cost per row copies the carry: fine for portable programs
+of small models. A CUDA export swaps each `DeltaRows` for `dflash::delta_rows`
+(kernels/delta_rows.py; lowering/fuse_verify.py), as `lowering.fused_attention` does for the
+attention: ExecuTorch's CUDA partitioner cannot take a scan.
 """
 
 import math
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._higher_order_ops.scan import scan
 
+from ..boundary import mark
 from . import layers, llama, packing
 
 
@@ -129,6 +131,55 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
 
 
+def _delta_step(cfg: HybridConfig, weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """One row of one slot, `scan`'s body: (conv windows [S+1, K-1, C], states [S+1, Hv, dk, dv])
+    and (slot [1], conv input [C], a [Hv], b [Hv]) -> new carry, core output [Hv, dv] float32."""
+    hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    key_dim = hk * dk
+
+    def step(carry, row):
+        windows, states = carry
+        slot, mixed, a, b = row
+        full = torch.cat([windows.index_select(0, slot)[0], mixed.unsqueeze(0)], dim=0)  # [K, C]
+        conv = F.silu((full.to(weight.dtype) * weight.t()).sum(dim=0)).to(mixed.dtype)  # [C]
+        q, key, v = torch.split(conv, [key_dim, key_dim, cfg.value_dim])
+        q = q.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
+        key = key.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
+        q, key = _l2norm(q) / math.sqrt(dk), _l2norm(key)
+        beta = b.sigmoid().float()  # (in the model dtype first, as transformers does)
+        g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+        state = states.index_select(0, slot)[0] * g.exp()[:, None, None]
+        delta = (v.reshape(hv, dv).float() - (state * key.unsqueeze(-1)).sum(dim=-2)) * beta.unsqueeze(-1)
+        state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
+        out = (state * q.unsqueeze(-1)).sum(dim=-2)
+        return (windows.index_copy(0, slot, full[1:].unsqueeze(0)),
+                states.index_copy(0, slot, state.unsqueeze(0))), out
+
+    return step
+
+
+class DeltaRows(nn.Module):
+    """The Gated DeltaNet recurrence over rows in packed order, each row advancing its slot:
+    (slot [N], conv input [N, C], a [N, Hv], b [N, Hv], conv weight [C, K], A_log [Hv],
+    dt_bias [Hv], conv windows [S+1, K-1, C], states [S+1, Hv, dk, dv] float32) -> (windows,
+    states after the rows, core outputs [N, Hv, dv] float32); the inputs stay as they were.
+    Here one `scan` of `_delta_step`; a CUDA export swaps it for `dflash::delta_rows`
+    (kernels/delta_rows.py). While exporting it marks its inputs and results
+    (export/boundary.py), as the heads do."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, slot, mixed, a, b, weight, a_log, dt_bias, windows, states):
+        slot, mixed, a, b, weight, a_log, dt_bias, windows, states = mark(
+            "delta_rows", "inputs", slot, mixed, a, b, weight, a_log, dt_bias, windows, states)
+        step = _delta_step(self.cfg, weight, a_log, dt_bias)
+        (windows, states), core = scan(step, (windows.clone(), states.clone()), (slot.unsqueeze(-1), mixed, a, b))
+        return mark("delta_rows", "outputs", windows, states, core)
+
+
 class GatedDeltaNet(nn.Module):
     """The linear-attention layer. Its recurrence runs in one `scan` over rows in packed
     order whose carry is every slot's conv window and state (static shapes: rows padded to
@@ -140,6 +191,8 @@ class GatedDeltaNet(nn.Module):
         self.cfg, self.max_rows = cfg, max_rows
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim = cfg.linear_num_key_heads * dk
+        self.rows = DeltaRows(cfg)  # (two regions: a fused region is one call of its module)
+        self.commit_rows = DeltaRows(cfg)
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, bias=False,
                                 groups=cfg.conv_dim, padding=cfg.linear_conv_kernel_dim - 1)
         self.dt_bias = nn.Parameter(torch.ones(hv))
@@ -161,32 +214,12 @@ class GatedDeltaNet(nn.Module):
         # 0 after any other call
         self.register_buffer("pending_count", torch.zeros(slots + 1, dtype=torch.int64), persistent=False)
 
-    def _step(self, carry, row):
-        """One row of one slot: (conv windows [S+1, K-1, C], states [S+1, Hv, dk, dv]) and
-        (slot [1], conv input [C], a [Hv], b [Hv]) -> new carry, core output [Hv, dv] float32."""
-        cfg = self.cfg
-        windows, states = carry
-        slot, mixed, a, b = row
-        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        full = torch.cat([windows.index_select(0, slot)[0], mixed.unsqueeze(0)], dim=0)  # [K, C]
-        weight = self.conv1d.weight.squeeze(1)  # [C, K]
-        conv = F.silu((full.to(weight.dtype) * weight.t()).sum(dim=0)).to(mixed.dtype)  # [C]
-        q, key, v = torch.split(conv, [self.key_dim, self.key_dim, cfg.value_dim])
-        q = q.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
-        key = key.reshape(hk, dk).repeat_interleave(hv // hk, dim=0).float()
-        q, key = _l2norm(q) / math.sqrt(dk), _l2norm(key)
-        beta = b.sigmoid().float()  # (in the model dtype first, as transformers does)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        state = states.index_select(0, slot)[0] * g.exp()[:, None, None]
-        delta = (v.reshape(hv, dv).float() - (state * key.unsqueeze(-1)).sum(dim=-2)) * beta.unsqueeze(-1)
-        state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
-        out = (state * q.unsqueeze(-1)).sum(dim=-2)
-        return (windows.index_copy(0, slot, full[1:].unsqueeze(0)), states.index_copy(0, slot, state.unsqueeze(0))), out
-
-    def _scan(self, slot, mixed, a, b, carry):
-        """`_step` over rows [N] in order -> (carry after them, core outputs [N, Hv, dv])."""
-        return scan(self._step, carry, (slot.unsqueeze(-1), mixed, a, b))
+    def _scan(self, rows, slot, mixed, a, b, carry):
+        """`rows` (a `DeltaRows`) over rows [N] in order from `carry` (windows, states) -> (carry
+        after them, core outputs [N, Hv, dv])."""
+        windows, states, core = rows(slot, mixed, a, b, self.conv1d.weight.squeeze(1), self.A_log, self.dt_bias,
+                                     *carry)
+        return (windows, states), core
 
     def reset(self, owner_slot: torch.Tensor, fresh: torch.Tensor) -> None:
         """The slots of owners that start a sequence (`fresh`) back to zero state, nothing pending."""
@@ -212,8 +245,8 @@ class GatedDeltaNet(nn.Module):
         src = owner_slot[:, None].expand(-1, pending).reshape(-1)  # each owner's pending rows, in order
         at = j.repeat(owner_slot.shape[0])
         ab = self.pending_ab[src, at]
-        carry, _ = self._scan(slot, self.pending_qkv[src, at], ab[:, 0], ab[:, 1],
-                              (self.conv_state.clone(), self.recurrent_state.clone()))
+        carry, _ = self._scan(self.commit_rows, slot, self.pending_qkv[src, at], ab[:, 0], ab[:, 1],
+                              (self.conv_state, self.recurrent_state))
         self.conv_state.copy_(carry[0])
         self.recurrent_state.copy_(carry[1])
         self.pending_count.index_put_((owner_slot,), torch.zeros_like(owner_slot))
@@ -231,9 +264,9 @@ class GatedDeltaNet(nn.Module):
         a, b = self.in_proj_a(x), self.in_proj_b(x)
         scratch = self.conv_state.shape[0] - 1
         pad = self.max_rows - rows  # (static scan length: the ExecuTorch emitter plans carries and outputs at it)
-        carry, core = self._scan(F.pad(slot, (0, pad), value=scratch), F.pad(mixed, (0, 0, 0, pad)),
+        carry, core = self._scan(self.rows, F.pad(slot, (0, pad), value=scratch), F.pad(mixed, (0, 0, 0, pad)),
                                  F.pad(a, (0, 0, 0, pad)), F.pad(b, (0, 0, 0, pad)),
-                                 (self.conv_state.clone(), self.recurrent_state.clone()))
+                                 (self.conv_state, self.recurrent_state))
         if defer:
             pending = self.pending_qkv.shape[1]
             keep = torch.where(row_in_owner < pending, slot, scratch)
@@ -273,7 +306,8 @@ class GatedAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, place: packing.Placement) -> torch.Tensor:
         cfg = self.cfg
         n, heads, d = x.shape[0], cfg.num_heads, cfg.head_dim
-        q, gate = torch.chunk(self.q_proj(x).view(n, heads, 2 * d), 2, dim=-1)
+        q_gate = self.q_proj(x).view(n, heads, 2 * d)
+        q, gate = q_gate[..., :d], q_gate[..., d:]  # (slices: a chunk is split_copy, which the CUDA backend lacks)
         q = self._rope(self.q_norm(q), cos, sin)
         k = self._rope(self.k_norm(self.k_proj(x).view(n, cfg.num_kv_heads, d)), cos, sin)
         self.k_cache.index_put_((place.write_slot, place.write_position), k)

@@ -16,8 +16,11 @@ import yaml
 
 import hf_reference
 import runner_cli
-from dflash_et.export import builder, check, config, driver, exporter, models
-from dflash_et.export.config import ConfigError
+from conftest import DEVICE
+from graph_program import graph_program
+
+from dflash_et.export import artifact, builder, check, config, driver, exporter, models
+from dflash_et.lowering.cuda import prepare, traced_fused
 from dflash_et.export.models import Drafter, DrafterConfig, checkpoint_writer, layers, presets
 
 pytestmark = [
@@ -143,10 +146,34 @@ def test_the_sampling_variant_commits_target_only_tokens(pair):
     assert {o.name: reference.tokens[o.name] for o in greedy} == _want(model, greedy, reference)
 
 
-def test_a_cuda_export_of_a_hybrid_target_is_refused_by_name(pair):
-    base, _ = pair
-    with pytest.raises(ConfigError, match="is a Qwen3.5 hybrid target, which has no CUDA lowering yet.*backend: portable"):
-        builder.build(_config(base, "greedy", backend="cuda"))
+def test_a_cuda_export_fuses_every_recurrence_and_commits_transformers_tokens(pair):
+    """backend: cuda. The methods traced as a CUDA export traces them (`traced_fused`) and
+    prepared: each DeltaNet layer's two recurrences (the commit of the pending rows, the
+    call's own rows) are one `dflash::delta_rows` call each, no scan is left (ExecuTorch's
+    CUDA partitioner cannot take one), and the rewritten graphs, run here through the Triton
+    interpreter, commit transformers' greedy tokens with drafts wrong at every third token
+    (partial commits: the deferred rows replayed by the op). Six steps: the interpreter is
+    slow, and they cover prefill chunks, joins and commits of one to several rows."""
+    base, model = pair
+    cfg = _config(base, "greedy", backend="cuda")
+    spec = builder.build(cfg)
+    with traced_fused(spec, cfg):
+        programs = exporter.trace(spec, artifact.Progress(99, stream=io.StringIO()), device="cpu")
+    report = prepare(programs, spec, cfg)
+    linear = model.config.layer_types.count("linear_attention")
+    for name in ("target_prefill", "target_verify"):
+        ops = [str(n.target) for n in programs[name].graph.nodes if n.op == "call_function"]
+        assert ops.count("dflash.delta_rows.default") == 2 * linear, (name, ops)
+        assert len([r for r in report[name] if r.startswith("delta_rows@")]) == 2 * linear, report[name]
+        assert not any("scan" in op or "head_boundary" in op for op in ops), name
+    graphs = graph_program(spec, programs, device=DEVICE)
+    owners = _owners(graphs)
+    right = {o.name: hf_reference.greedy(model, o.prompt, o.max_new) for o in owners}
+    wrong = {name: [(t + 1) % VOCAB if i % 3 == 2 else t for i, t in enumerate(tokens)] for name, tokens in right.items()}
+    run = driver.generate(graphs, owners, oracle=wrong, max_steps=6)
+    assert run.tokens == {name: tokens[:len(run.tokens[name])] for name, tokens in right.items()}
+    accepted = {a for s in run.steps for a in s.acceptance}
+    assert accepted & set(range(2, BLOCK)), accepted  # commits of more than one row and fewer than a block
 
 
 @pytest.mark.skipif(runner_cli.missing_toolchain() is not None, reason=str(runner_cli.missing_toolchain()))

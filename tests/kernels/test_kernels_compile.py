@@ -28,7 +28,8 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [x for x in run.stdout.splitlines() if "REG:" in x]
-    assert len(lines) == 12 and all(f"*{logits}" in x for x in lines), lines  # verify 6, greedy_rows, sample_rows 3, attention 2
+    assert len(lines) == 13 and all(f"*{logits}" in x for x in lines), lines  # verify 6, greedy_rows, sample_rows 3,
+    # attention 2, delta_rows
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
 
@@ -74,7 +75,7 @@ def test_kernels_compile_with_vocab_as_a_constant():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
                           "--ttir", "--logits", "fp16"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 12, run.stdout  # as above
+    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 13, run.stdout  # as above
 
 
 def test_kernel_sources_survive_inductors_source_file():
@@ -106,7 +107,8 @@ print("kernels", seen)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert int(run.stdout.split()[-1]) == 7, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1, greedy_rows 1
+    assert int(run.stdout.split()[-1]) == 8, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 2, attention 1,
+    # greedy_rows 1, delta_rows 1
 
 
 def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
@@ -126,14 +128,15 @@ def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
     found = json.loads(run.stdout.splitlines()[-1])
     assert found["fallbacks"] == 0, run.stderr[-3000:]
     launches = found["launches"]
-    assert len(launches) == 10, launches  # verify 4, verify_argmax 2, sample_rows 3, cached_attention 1
+    assert len(launches) == 11, launches  # verify 4, verify_argmax 2, sample_rows 3, cached_attention 1, delta_rows 1
     scratch = {"work_ptr", "queue_ptr", "part_ptr"}
-    outputs = {"accepted_ptr", "next_token_ptr", "out_ptr"}
+    outputs = {"accepted_ptr", "next_token_ptr", "out_ptr", "windows_out_ptr", "states_out_ptr", "core_ptr"}
     for kernel, writes in launches:
         assert writes and set(writes) <= scratch | outputs, (kernel, writes)
     exact = {"verify_rows_kernel": ["queue_ptr", "work_ptr"], "verify_filtered_kernel": ["queue_ptr", "work_ptr"],
              "verify_accept_kernel": ["accepted_ptr", "next_token_ptr"], "chunk_kernel": ["part_ptr", "work_ptr"],
-             "cached_attention_kernel": ["out_ptr"]}
+             "cached_attention_kernel": ["out_ptr"],
+             "delta_rows_kernel": ["core_ptr", "states_out_ptr", "windows_out_ptr"]}
     for kernel, writes in launches:
         assert writes == exact.get(kernel, writes), (kernel, writes)
     assert sorted(w for k, w in launches if k == "sample_rows_kernel") == [["out_ptr"], ["out_ptr", "work_ptr"]]
