@@ -13,7 +13,8 @@
 #                                   it against the CPU reference (tests/examples/test_cuda_runner_gpu.py).
 #                                   By default the four fused exports, 3 compile jobs each (253 s); all six
 #                                   side by side did not finish within a 10 min call. The other two in a
-#                                   call of their own: DFLASH_RUNTIME_EXPORTS=sampling-f32-unfused,greedy-cpu
+#                                   call of their own: DFLASH_RUNTIME_EXPORTS=sampling-f32-unfused,greedy-cpu;
+#                                   a Qwen3.5 hybrid target: DFLASH_RUNTIME_EXPORTS=hybrid-f32 (~2 min)
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight

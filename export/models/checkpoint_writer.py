@@ -1,5 +1,7 @@
 """Write a drafter as a z-lab DFlash checkpoint (`config.json` + `model.safetensors`), the
-layout `checkpoint.py` reads: what `dflash-et distill` produces, and the tests' checkpoints."""
+layout `checkpoint.py` reads: what `dflash-et distill` produces, and the tests' checkpoints;
+and a Qwen3.5 hybrid target as transformers writes one (tests on machines without
+transformers: the GPU machine)."""
 
 import json
 import struct
@@ -10,6 +12,7 @@ import torch
 from . import layers
 from .checkpoint import CONFIG, DRAFTER_ARCHITECTURE, ST_NAMES, WEIGHTS
 from .dflash import Drafter
+from .qwen3_5 import HybridTarget
 
 
 def write_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -88,6 +91,42 @@ def save_drafter(model: Drafter, directory: Path) -> Path:
         config["vocab_size"] = cfg.vocab_size
     if cfg.num_target_layers is not None:
         config["num_target_layers"] = cfg.num_target_layers
+    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
+    return directory
+
+
+def save_hybrid_target(model: HybridTarget, directory: Path) -> Path:
+    """Write `model` as transformers writes a Qwen3.5 text model (`qwen3_5_text`: config.json
+    with every key `checkpoint.hybrid_config` needs, the weights under their transformers
+    names, which are the model's)."""
+    cfg = model.cfg
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "layer_types": list(cfg.layer_types),
+        "linear_num_key_heads": cfg.linear_num_key_heads,
+        "linear_num_value_heads": cfg.linear_num_value_heads,
+        "linear_key_head_dim": cfg.linear_key_head_dim,
+        "linear_value_head_dim": cfg.linear_value_head_dim,
+        "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": cfg.partial_rotary_factor},
+        "attention_bias": cfg.attention_bias,
+        "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": dtype_name(model),
+    }
     (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     write_file(directory / WEIGHTS, dict(model.named_parameters()), {"format": "pt"})
     return directory

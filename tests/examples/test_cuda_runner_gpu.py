@@ -53,6 +53,7 @@ pytestmark = [
 
 # name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts,
 # lowering.fused_verify, lowering.fused_attention)
+HYBRID = "qwen3.5 hybrid"
 EXPORTS = {
     "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, False),
     "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False),
@@ -60,6 +61,7 @@ EXPORTS = {
     "sampling-f32-attn": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True),
     "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True, False),
     "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True, False),
+    "hybrid-f32": (HYBRID, "float32", "cuda", False, True, False),  # a Qwen3.5 hybrid target (_hybrid_pair)
 }
 F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
@@ -75,10 +77,49 @@ def _selected() -> list[str]:
 
 def _config(name: str) -> config.ExportConfig:
     base, dtype, backend, distilled, fused, attention = EXPORTS[name]
+    if base == HYBRID:
+        return _hybrid_config(backend)
     cfg = config.load(base)
     model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
     lowering = dataclasses.replace(cfg.lowering, fused_verify=fused, fused_attention=attention)
     return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering)
+
+
+@functools.cache
+def _hybrid_pair() -> Path:
+    """A random Qwen3.5 hybrid target (a DeltaNet layer, then gated attention) and a drafter
+    tapping both (its first layer sliding-window), as tests/export/test_hybrid_program.py's,
+    written by our writers: this machine has no transformers (checkpoint_writer's test shows
+    transformers reads what save_hybrid_target writes)."""
+    from dflash_et.export.models import Drafter, DrafterConfig, checkpoint_writer, layers, presets, qwen3_5
+
+    base = Path(tempfile.mkdtemp(prefix="dflash-hybrid-"))
+    cfg = qwen3_5.HybridConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                               num_kv_heads=2, head_dim=16, layer_types=("linear_attention", "full_attention"),
+                               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                               linear_value_head_dim=8, rope_theta=10_000.0)
+    torch.manual_seed(31)
+    target = qwen3_5.HybridTarget(cfg, slots=1, max_seq_len=16, max_rows=16)
+    with torch.no_grad():  # (norms start at 0 / 1, A_log at 0: perturb every weight)
+        for p in target.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    checkpoint_writer.save_hybrid_target(target, base / "target")
+    drafter = DrafterConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                            head_dim=16, block_size=4, target_layer_ids=(0, 1), mask_token_id=100,
+                            rope=layers.Rope(theta=10_000.0), layer_types=("sliding_attention", "full_attention"),
+                            sliding_window=6)
+    checkpoint_writer.save_drafter(presets.init_drafter(Drafter(drafter, 1, 16), seed=32), base / "drafter")
+    return base
+
+
+def _hybrid_config(backend: str) -> config.ExportConfig:
+    base = _hybrid_pair()
+    path = base / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump({
+        "program": "dflash", "backend": backend, "variant": "greedy",
+        "model": {"target": str(base / "target"), "drafter": str(base / "drafter"), "dtype": "float32"},
+        "limits": {"max_rows": 16, "max_owners": 4, "max_seq_len": 64}}))
+    return config.load(str(path))
 
 
 @functools.cache
@@ -243,6 +284,24 @@ def test_cuda_graphs_commit_the_same_tokens(artifacts, name):
         assert differ == [], differ
         assert got["steps"] == [s.acceptance for s in want.steps]
         assert graphs is not None and graphs["captured"] >= 1 and graphs["replayed"] >= 1, graphs
+
+
+def test_a_hybrid_target_commits_the_cpu_reference_tokens(artifacts):
+    """A Qwen3.5 hybrid target (issue #27) in a CUDA program, its recurrence `dflash::delta_rows`
+    (a verify defers the state, the next call commits the accepted rows): the runner commits
+    the CPU program's tokens, speculative, target-only and with --cuda-graphs."""
+    artifacts["hybrid-f32"]
+    program = _eager("hybrid-f32", "cpu")
+    owners = [o.fresh(name=f"owner{i}") for i, o in enumerate(driver.scenario(program, seed=3, owners=5))]
+    for mode, flags in (("speculative", []), ("target_only", ["--target-only"]), ("speculative", ["--cuda-graphs"])):
+        want = driver.generate(program, owners, mode=mode)
+        got = _runner(artifacts, "hybrid-f32", owners, *flags)
+        differ = _differing(got, want, owners)
+        tokens = sum(len(t) for t in got["tokens"].values())
+        print(f"\nfloat32 hybrid-f32 {mode} {' '.join(flags)}: C++ CUDA runner vs CPU reference: "
+              f"{len(owners) - len(differ)}/{len(owners)} owners identical over {tokens} tokens")
+        assert differ == [], differ
+        assert got["steps"] == [s.acceptance for s in want.steps]
 
 
 def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):

@@ -204,6 +204,29 @@ def test_checkpoints_transformers_writes_load_and_decode_alike(tmp_path):
     assert decode(loaded, {0: prompt}, 8)[0] == want
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_checkpoints_we_write_are_the_ones_transformers_reads(tmp_path, tie):
+    """checkpoint_writer.save_hybrid_target (the GPU tests' hybrid checkpoints: that machine has
+    no transformers): transformers loads what it writes into the model it came from (every
+    weight, the layer kinds, the same greedy tokens), and our loader reads it back."""
+    from dflash_et.export.models import checkpoint, checkpoint_writer
+
+    tf = transformers()
+    model, cfg = hf_model(seed=6, tie=tie)
+    loaded = checkpoint.load_hybrid_target(_save(model, tmp_path / "hf"), slots=2, max_seq_len=32, max_rows=16,
+                                           dtype=torch.float32)
+    written = checkpoint_writer.save_hybrid_target(loaded, tmp_path / "ours")
+    again = tf.Qwen3_5ForCausalLM.from_pretrained(written).eval()
+    assert again.config.layer_types == cfg.layer_types and again.config.tie_word_embeddings == tie
+    want, got = model.state_dict(), again.state_dict()
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    prompt = [7, 1, 88, 42]
+    assert hf_greedy(again, prompt, 6) == hf_greedy(model, prompt, 6)
+    back = checkpoint.load_hybrid_target(written, slots=2, max_seq_len=32, max_rows=16, dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), loaded.parameters()))
+
+
 @pytest.mark.quick
 def test_configs_name_what_transformers_would_fill_in(tmp_path):
     import json
