@@ -55,7 +55,8 @@ def supports(dtype: torch.dtype, conv_dim: int, kernel: int, value_heads: int, k
 
 @triton.jit
 def delta_rows_kernel(slot_ptr, mixed_ptr, a_ptr, b_ptr, weight_ptr, a_log_ptr, dt_bias_ptr, windows_ptr,
-                      states_ptr, windows_out_ptr, states_out_ptr, core_ptr, rows, conv_dim, key_channels, value_heads, group, scale,
+                      states_ptr, windows_out_ptr, states_out_ptr, core_ptr, rows, conv_dim, key_channels, value_heads,
+                      group, scale,
                       K: tl.constexpr, RING: tl.constexpr, DK: tl.constexpr, DKP: tl.constexpr, DV: tl.constexpr,
                       BV: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
@@ -185,8 +186,8 @@ def delta_rows(
     if rows > 0:
         bv = min(BLOCK_V, triton.next_power_of_2(value_dim))
         wrap_triton(delta_rows_kernel)[(slots, value_heads, triton.cdiv(value_dim, bv))](
-            slot, mixed, a, b, weight, a_log, dt_bias, windows, states, windows_out, states_out, core, rows, conv_dim, key_channels,
-            value_heads, value_heads // (key_channels // key_dim), float(key_dim) ** 0.5, K=kernel,
+            slot, mixed, a, b, weight, a_log, dt_bias, windows, states, windows_out, states_out, core, rows, conv_dim,
+            key_channels, value_heads, value_heads // (key_channels // key_dim), float(key_dim) ** 0.5, K=kernel,
             RING=triton.next_power_of_2(kernel - 1), DK=key_dim, DKP=triton.next_power_of_2(key_dim), DV=value_dim,
             BV=bv, num_warps=4)
     return windows_out, states_out, core

@@ -53,8 +53,8 @@ def dtype_name(model: torch.nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-def decoder_json(cfg) -> dict:
-    """The config.json keys a target and a drafter share (Hugging Face names)."""
+def _shape_json(cfg) -> dict:
+    """The decoder's sizes (Hugging Face names): every target's and drafter's config."""
     return {
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -63,9 +63,12 @@ def decoder_json(cfg) -> dict:
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
         "rms_norm_eps": cfg.rms_norm_eps,
-        **_rope_json(cfg.rope),
-        "hidden_act": "silu",
     }
+
+
+def decoder_json(cfg) -> dict:
+    """The config.json keys a target and a drafter share (Hugging Face names)."""
+    return {**_shape_json(cfg), **_rope_json(cfg.rope), "hidden_act": "silu"}
 
 
 def save_drafter(model: Drafter, directory: Path) -> Path:
@@ -107,19 +110,13 @@ def save_hybrid_target(model: HybridTarget, directory: Path) -> Path:
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
         "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
+        **_shape_json(cfg),
         "layer_types": list(cfg.layer_types),
         "linear_num_key_heads": cfg.linear_num_key_heads,
         "linear_num_value_heads": cfg.linear_num_value_heads,
         "linear_key_head_dim": cfg.linear_key_head_dim,
         "linear_value_head_dim": cfg.linear_value_head_dim,
         "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
                             "partial_rotary_factor": cfg.partial_rotary_factor},
         "attention_bias": cfg.attention_bias,

@@ -219,6 +219,23 @@ def _owners(program: driver.Program, seed: int) -> list[driver.Owner]:
     return [o.fresh(name=f"owner{i}") for i, o in enumerate(driver.scenario(program, seed=seed, owners=8))]
 
 
+def _same_as_cpu(artifacts, name: str, program: driver.Program, owners: list[driver.Owner], mode: str,
+                 *flags: str) -> tuple[dict, driver.Run]:
+    """The runner's run of export `name` (with `flags`) against the CPU reference's run in
+    `mode`: every owner's tokens and every step's acceptance are the same (printed)."""
+    want = driver.generate(program, owners, mode=mode)
+    got = _runner(artifacts, name, owners, *flags)
+    differ = _differing(got, want, owners)
+    tokens = sum(len(t) for t in got["tokens"].values())
+    print(f"\nfloat32 {name} {mode} {' '.join(flags)}: C++ CUDA runner vs CPU reference: "
+          f"{len(owners) - len(differ)}/{len(owners)} owners identical over {tokens} tokens, "
+          f"steps {len(got['steps'])}"
+          + (f"; graphs {got['cuda_graphs']}" if got["cuda_graphs"] else ""))
+    assert differ == [], differ
+    assert got["steps"] == [s.acceptance for s in want.steps]
+    return got, want
+
+
 def _differing(got: dict, want: driver.Run, owners: list[driver.Owner]) -> list[str]:
     out = []
     for i, o in enumerate(owners):
@@ -250,14 +267,7 @@ def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
     program = _eager(name, "cpu")
     owners = _owners(program, seed=F32_SEED)
     for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
-        want = driver.generate(program, owners, mode=mode)
-        got = _runner(artifacts, name, owners, *flags)
-        differ = _differing(got, want, owners)
-        tokens = sum(len(t) for t in got["tokens"].values())
-        print(f"\nfloat32 {name} {mode}: C++ CUDA runner vs CPU reference: {len(owners) - len(differ)}/"
-              f"{len(owners)} owners identical over {tokens} tokens, steps {len(got['steps'])}")
-        assert differ == [], differ
-        assert got["steps"] == [s.acceptance for s in want.steps]
+        got, want = _same_as_cpu(artifacts, name, program, owners, mode, *flags)
         if mode == "speculative":
             drafts = [s.drafts for s in want.steps if s.owners]
             same = sum(a == b for a, b in zip(got["drafts"], drafts))
@@ -275,14 +285,8 @@ def test_cuda_graphs_commit_the_same_tokens(artifacts, name):
     program = _eager(name, "cpu")
     owners = _owners(program, seed=F32_SEED)
     for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
-        want = driver.generate(program, owners, mode=mode)
-        got = _runner(artifacts, name, owners, "--cuda-graphs", *flags)
-        differ = _differing(got, want, owners)
+        got, _ = _same_as_cpu(artifacts, name, program, owners, mode, "--cuda-graphs", *flags)
         graphs = got["cuda_graphs"]
-        print(f"\nfloat32 {name} {mode} --cuda-graphs: {len(owners) - len(differ)}/{len(owners)} owners identical "
-              f"to the CPU reference; graphs {graphs}")
-        assert differ == [], differ
-        assert got["steps"] == [s.acceptance for s in want.steps]
         assert graphs is not None and graphs["captured"] >= 1 and graphs["replayed"] >= 1, graphs
 
 
@@ -294,14 +298,7 @@ def test_a_hybrid_target_commits_the_cpu_reference_tokens(artifacts):
     program = _eager("hybrid-f32", "cpu")
     owners = [o.fresh(name=f"owner{i}") for i, o in enumerate(driver.scenario(program, seed=3, owners=5))]
     for mode, flags in (("speculative", []), ("target_only", ["--target-only"]), ("speculative", ["--cuda-graphs"])):
-        want = driver.generate(program, owners, mode=mode)
-        got = _runner(artifacts, "hybrid-f32", owners, *flags)
-        differ = _differing(got, want, owners)
-        tokens = sum(len(t) for t in got["tokens"].values())
-        print(f"\nfloat32 hybrid-f32 {mode} {' '.join(flags)}: C++ CUDA runner vs CPU reference: "
-              f"{len(owners) - len(differ)}/{len(owners)} owners identical over {tokens} tokens")
-        assert differ == [], differ
-        assert got["steps"] == [s.acceptance for s in want.steps]
+        _same_as_cpu(artifacts, "hybrid-f32", program, owners, mode, *flags)
 
 
 def test_bfloat16_against_the_eager_model_on_the_gpu(artifacts):

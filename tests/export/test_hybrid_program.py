@@ -169,7 +169,8 @@ def test_a_cuda_export_fuses_every_recurrence_and_commits_transformers_tokens(pa
     graphs = graph_program(spec, programs, device=DEVICE)
     owners = _owners(graphs)
     right = {o.name: hf_reference.greedy(model, o.prompt, o.max_new) for o in owners}
-    wrong = {name: [(t + 1) % VOCAB if i % 3 == 2 else t for i, t in enumerate(tokens)] for name, tokens in right.items()}
+    wrong = {name: [(t + 1) % VOCAB if i % 3 == 2 else t for i, t in enumerate(tokens)]
+             for name, tokens in right.items()}
     run = driver.generate(graphs, owners, oracle=wrong, max_steps=6)
     assert run.tokens == {name: tokens[:len(run.tokens[name])] for name, tokens in right.items()}
     accepted = {a for s in run.steps for a in s.acceptance}
