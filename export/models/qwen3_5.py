@@ -181,16 +181,14 @@ class DeltaRows(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """The linear-attention layer. Its recurrence runs in one `scan` over rows in packed
-    order whose carry is every slot's conv window and state (static shapes: rows padded to
-    `max_rows`, the scratch slot taking padded and invalid rows), so an exported program
-    traces its body once."""
+    """The linear-attention layer. Its recurrence (`DeltaRows`: the commit's, the call's own)
+    runs over rows in packed order, padded to `max_rows` (static shapes), the scratch slot
+    taking padded and invalid rows."""
 
     def __init__(self, cfg: HybridConfig, slots: int, max_rows: int, pending_rows: int, dtype: torch.dtype):
         super().__init__()
         self.cfg, self.max_rows = cfg, max_rows
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.key_dim = cfg.linear_num_key_heads * dk
         self.rows = DeltaRows(cfg)  # (two regions: a fused region is one call of its module)
         self.commit_rows = DeltaRows(cfg)
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, bias=False,
