@@ -5,8 +5,8 @@ for `owners` owners, speculative and target-only, and the loop's tokens per seco
     python benchmarks/bench_cuda_runner.py --runner RUNNER --config qwen3-smoke-sampling-cuda \
         --output-dir /tmp/q --out q.md
     (long contexts: --config qwen3-smoke-8k-sampling-cuda --prompt 128 --prompt-max 8000
-     --modes speculative: its export takes ~465 s and each run reloads a 15 GB .ptd, so both
-     modes do not fit one 10-minute device call)
+     --modes speculative --graphs off (or on): its export takes ~465 s and each run reloads a
+     15 GB .ptd, so more than one run does not fit one 10-minute device call)
 
 The drafts of the presets' random drafters are never accepted, so the speculative loop
 commits one token per verify; a step costs the same whatever is accepted (the verify rows
