@@ -1,4 +1,5 @@
-"""transformers as a test reference (a test dependency, scripts/env.sh; no hub access).
+"""transformers as a test reference (a test dependency, scripts/env.sh; no hub access), and
+our targets' side of the comparison: packed calls and greedy decoding (`call`, `decode`).
 
 `python -m pytest` puts the repo root on sys.path, and the root holds a `kernels/` folder
 (ours, imported as dflash_et.kernels): transformers asks `import kernels` whether the hub
@@ -48,3 +49,27 @@ def greedy(model, prompt: list[int], new: int) -> list[int]:
     out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, min_new_tokens=new,
                          pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt):].tolist()
+
+
+def call(target, rows: dict[int, list[int]], start: dict[int, int], defer: bool = False) -> torch.Tensor:
+    """One packed call of one of our targets (llama.Target or qwen3_5.HybridTarget): each slot's
+    rows, from its start position -> logits [R, V]. (One tap: the Llama target needs one.)"""
+    slots = list(rows)
+    offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
+    h, _ = target(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
+                  torch.tensor(slots), (0,), defer=defer)
+    return target.logits(h)
+
+
+@torch.no_grad()
+def decode(target, prompts: dict[int, list[int]], new: int) -> dict[int, list[int]]:
+    """Target-only greedy decoding of every slot's prompt, all slots packed in each call."""
+    logits = call(target, prompts, {s: 0 for s in prompts})
+    ends = torch.tensor([len(p) for p in prompts.values()]).cumsum(0) - 1
+    tokens = {s: [int(logits[e].argmax())] for s, e in zip(prompts, ends)}
+    for _ in range(new - 1):
+        logits = call(target, {s: [tokens[s][-1]] for s in prompts},
+                      {s: len(prompts[s]) + len(tokens[s]) - 1 for s in prompts})
+        for i, s in enumerate(prompts):
+            tokens[s].append(int(logits[i].argmax()))
+    return tokens

@@ -36,32 +36,12 @@ def ours(model, cfg, slots: int = 3, max_seq_len: int = 64, max_rows: int = 16) 
 hf_greedy = hf_reference.greedy
 
 
-def call(mine, rows: dict[int, list[int]], start: dict[int, int], defer: bool = False) -> torch.Tensor:
-    """One packed call: each slot's rows, from its start position -> logits [R, V]."""
-    slots = list(rows)
-    offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
-    h, _ = mine(torch.tensor([t for s in slots for t in rows[s]]), offsets, torch.tensor([start[s] for s in slots]),
-                torch.tensor(slots), defer=defer)
-    return mine.logits(h)
+call, decode = hf_reference.call, hf_reference.decode
 
 
 def accept(mine, counts: dict[int, int]) -> None:
     """After a deferred call: each slot keeps `counts[slot]` of its rows for the next call."""
     mine.accept(torch.tensor(list(counts)), torch.tensor(list(counts.values())))
-
-
-@torch.no_grad()
-def decode(mine, prompts: dict[int, list[int]], new: int) -> dict[int, list[int]]:
-    """Target-only greedy decoding of every slot's prompt, all slots packed in each call."""
-    logits = call(mine, prompts, {s: 0 for s in prompts})
-    ends = torch.tensor([len(p) for p in prompts.values()]).cumsum(0) - 1
-    tokens = {s: [int(logits[e].argmax())] for s, e in zip(prompts, ends)}
-    for _ in range(new - 1):
-        logits = call(mine, {s: [tokens[s][-1]] for s in prompts},
-                      {s: len(prompts[s]) + len(tokens[s]) - 1 for s in prompts})
-        for i, s in enumerate(prompts):
-            tokens[s].append(int(logits[i].argmax()))
-    return tokens
 
 
 @pytest.mark.quick  # scripts/test.sh --quick

@@ -34,26 +34,6 @@ def _model(family: str, tie: bool):
     return model.eval()
 
 
-@torch.no_grad()
-def _decode(target, prompts: dict[int, list[int]], new: int) -> dict[int, list[int]]:
-    """Target-only greedy decoding of each slot's prompt, every slot packed into each call."""
-    def call(rows: dict[int, list[int]], start: dict[int, int]) -> torch.Tensor:
-        slots = list(rows)
-        offsets = torch.tensor([0, *[len(rows[s]) for s in slots]]).cumsum(0)
-        h, _ = target(torch.tensor([t for s in slots for t in rows[s]]), offsets,
-                      torch.tensor([start[s] for s in slots]), torch.tensor(slots), (0,))  # (taps: unused)
-        return target.logits(h)
-
-    logits = call(prompts, {s: 0 for s in prompts})
-    ends = torch.tensor([len(p) for p in prompts.values()]).cumsum(0) - 1
-    tokens = {s: [int(logits[e].argmax())] for s, e in zip(prompts, ends)}
-    for _ in range(new - 1):
-        logits = call({s: [tokens[s][-1]] for s in prompts}, {s: len(prompts[s]) + len(tokens[s]) - 1 for s in prompts})
-        for i, s in enumerate(prompts):
-            tokens[s].append(int(logits[i].argmax()))
-    return tokens
-
-
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("tie", [False, True])
 def test_greedy_tokens_equal_transformers_generate(tmp_path, family, tie):
@@ -62,6 +42,6 @@ def test_greedy_tokens_equal_transformers_generate(tmp_path, family, tie):
     target = checkpoint.load_target(tmp_path, slots=2, max_seq_len=48, dtype=torch.float32)
     assert target.cfg.family == family and target.cfg.tie_embeddings == tie
     prompts = {0: [5, 17, 42, 8, 91, 3], 1: [60, 2]}
-    got = _decode(target, prompts, 12)
+    got = hf_reference.decode(target, prompts, 12)
     for slot, prompt in prompts.items():
         assert got[slot] == hf_reference.greedy(model, prompt, 12), (family, tie, slot)
