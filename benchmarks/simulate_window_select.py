@@ -40,6 +40,8 @@ passes (assumed per pass: histogram 28 (its 32-bin `tl.histogram` ~12 warp instr
 checks every cut against a sort (`simulate_cut_search.sorted_cuts`); it fails otherwise.
 
     python benchmarks/simulate_window_select.py [--rows 4] [--vocab 151936] [--list 4096] [--bins 30]
+
+(benchmarks/HISTORY.md, session 46, has a run and what it says of the design.)
 """
 
 import argparse
