@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_et.export import cases
+from dflash_et.export import cases, sampling
 from simulate_cut_search import keys, sorted_cuts, value_of_key  # (benchmarks/, beside this script)
 
 HIST_OPS, LIST_OPS, SEARCH_OPS = 28, 20, 16  # ALU operations per logit of each pass (the docstring)
@@ -69,6 +69,7 @@ class Row:
     x: torch.Tensor  # float32, NaN as -inf, +inf as FLT_MAX
     dtype: torch.dtype
     temperature: float
+    x_max: float = field(init=False)
     key: torch.Tensor = field(init=False)
     e: torch.Tensor = field(init=False)
     c: torch.Tensor = field(init=False)  # ONE_BITS - the float32 weight's bits: rises as the weight falls
@@ -76,6 +77,7 @@ class Row:
     def __post_init__(self):
         finite = self.x > float("-inf")
         x_max = self.x[finite].max()
+        self.x_max = float(x_max)
         self.key = torch.where(finite, keys(self.x, self.dtype), torch.iinfo(torch.int64).min)
         e32 = torch.where(finite, torch.exp((self.x - x_max) / self.temperature), 0.0)
         self.e = e32.double()
@@ -102,11 +104,11 @@ class Window:
         return self.code(row) < self.lo
 
 
-def _weight_of_code(row: Row, code: int, by_weight: bool, x_max: float) -> float:
+def _weight_of_code(row: Row, code: int, by_weight: bool) -> float:
     if by_weight:
         bits = max(ONE_BITS - code, 0)
         return torch.tensor([bits], dtype=torch.int32).view(torch.float32).item()
-    return math.exp((value_of_key(-code, row.dtype) - x_max) / row.temperature)
+    return math.exp((value_of_key(-code, row.dtype) - row.x_max) / row.temperature)
 
 
 def _bins(row: Row, w: Window, nb: int):
@@ -115,10 +117,9 @@ def _bins(row: Row, w: Window, nb: int):
     shift = max(0, math.ceil(math.log2((w.hi - w.lo + 1) / nb)))
     b = torch.where(w.holds(row), (w.code(row) - w.lo) >> shift, -1)
     edges = [(w.lo + (i << shift), min(w.lo + ((i + 1) << shift) - 1, w.hi)) for i in range(nb)]
-    x_max = float(row.x.max())
     margin = 0.0 if w.by_weight else MARGIN
-    e_hi = torch.tensor([_weight_of_code(row, a, w.by_weight, x_max) for a, _ in edges], dtype=torch.float64)
-    e_lo = torch.tensor([_weight_of_code(row, z, w.by_weight, x_max) for _, z in edges], dtype=torch.float64)
+    e_hi = torch.tensor([_weight_of_code(row, a, w.by_weight) for a, _ in edges], dtype=torch.float64)
+    e_lo = torch.tensor([_weight_of_code(row, z, w.by_weight) for _, z in edges], dtype=torch.float64)
     return b, edges, e_lo * (1 - margin), e_hi * (1 + margin)
 
 
@@ -172,7 +173,7 @@ def find_cut(row: Row, among: torch.Tensor, goal: float, by_mass: bool, nb: int,
         counts = torch.bincount(b[inside], minlength=nb).double()
         if by_mass:  # prefix mass through bin j: bounds (the mass above the window is exact); at least the
             # total less what the later bins and the tokens below the window can hold at most
-            most_below = (size - prefix) * _weight_of_code(row, w.hi + 1, w.by_weight, float(row.x.max()))
+            most_below = (size - prefix) * _weight_of_code(row, w.hi + 1, w.by_weight)
             later_most = torch.cumsum((counts * e_hi).flip(0), 0).flip(0) - counts * e_hi
             least = torch.maximum(m_above + torch.cumsum(counts * e_lo, 0),
                                   total - later_most - most_below * (1 + MARGIN))
@@ -240,9 +241,8 @@ def main(argv=None) -> int:
     for dtype in (getattr(torch, d) for d in args.dtypes):
         print(f"\n## {dtype}\n\n| kind | mode | passes | list | ALU / logit |\n|---|---|---|---|---|")
         for kind in cases.ROW_KINDS:
-            x_all = cases.kind_logits(g, kind, args.rows, args.vocab, dtype).float()
-            x_all = torch.where(torch.isnan(x_all), float("-inf"), x_all)
-            x_all = x_all.clamp(max=torch.finfo(torch.float32).max) + 0.0  # (one key for -0.0 and 0.0)
+            # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
+            x_all = sampling.sanitize(cases.kind_logits(g, kind, args.rows, args.vocab, dtype)) + 0.0
             for mode, (temperature, top_k, top_p) in modes.items():
                 got = []
                 for x in x_all:
