@@ -212,11 +212,12 @@ def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int
         "first pass + sample": lambda: first_pass_kernel[(rows,)](
             x, x.stride(0), vocab, temperature, stats, samples, n_sample, RATE=rate, SAMPLE=True, BLOCK=block),
         "estimate (sort the sample)": lambda: estimate_kernel[(rows,)](
-            samples, n_sample, stats, temperature, goal, bracket, RATE=rate, N=n_pow2, M=m, BY_MASS=by_mass),
+            samples, n_sample, stats, temperature, goal, bracket, RATE=rate, N=n_pow2, M=m, BY_MASS=by_mass,
+            num_warps=8),
         "bracket pass": lambda: bracket_kernel[(rows,)](
             x, x.stride(0), vocab, temperature, stats, bracket, listed, out, LIST=list_size, BLOCK=block),
         "list (sort, cut)": lambda: list_kernel[(rows,)](
-            listed, stats, bracket, out, temperature, goal, cut, LIST=list_size, BY_MASS=by_mass),
+            listed, stats, bracket, out, temperature, goal, cut, LIST=list_size, BY_MASS=by_mass, num_warps=8),
     }
     for name, launch in stages.items():
         if name != "first pass, no sample":

@@ -22,6 +22,9 @@
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
+#   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
+#                                   power-law and peaked rows, bf16 and fp32, top-p 0.9 / 0.99, top-k 1000
+#                                   ($OUT/SAMPLE_SELECT.md)
 # That machine has no network: ExecuTorch 1.2.0 comes as wheels in .whl/ (../shared/tools/device-wheels.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -136,5 +139,13 @@ bench)
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|attention [options]" >&2; exit 2 ;;
+sample-select)
+  for dtype in bfloat16 float32; do
+    for mode in "--top-p 0.9" "--top-p 0.99" "--top-k 1000"; do
+      # shellcheck disable=SC2086  # (mode: two words)
+      timeout 280 python3 benchmarks/bench_sample_select.py --dtype "$dtype" $mode "${@:2}"
+    done
+  done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
+  ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|attention|sample-select [options]" >&2; exit 2 ;;
 esac
