@@ -101,11 +101,16 @@ class LoweringConfig:
     configs are benchmarked too, a slower export). `fused_attention`: swap the target's
     and the drafter's attention (every row gathers its whole KV slot) for
     `dflash::cached_attention`, which reads only the cells each row sees (issue #26; off
-    unless a config sets it, as the qwen3-smoke CUDA configs do)."""
+    unless a config sets it, as the qwen3-smoke CUDA configs do). `zero_constants`: leave
+    every all-zero constant (the KV and context caches) out of the `.ptd`, to be allocated
+    and zeroed when the runtime loads the method (lowering/zero_constants.py; long contexts:
+    the caches are most of the blob). Only a runtime with the runner's zero-constants patch
+    loads such a program; any other refuses it at load."""
 
     fused_verify: bool = True
     autotune: str = "gemm"
     fused_attention: bool = False
+    zero_constants: bool = False
 
     def __post_init__(self):
         _check_choice("lowering.autotune", self.autotune, AUTOTUNE)

@@ -146,7 +146,7 @@ def export_program(
         # The compile workers start now: each makes its method while this process traces them all.
         compiling = cuda_lowering.compiles(
             [m.name for m in spec.methods], cfg.lowering.autotune, jobs,
-            (f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}), progress.say)
+            (f"{__name__}:traced_cuda_method", {"config": cfg.to_dict()}), progress.say, cfg.lowering.zero_constants)
         with compiling:
             with cuda_lowering.traced_fused(spec, cfg):  # (as the workers trace)
                 programs = trace(spec, progress, device="cuda")

@@ -21,6 +21,7 @@ from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, called_regions, fused_at_trace, head_paths
 from .inductor_compat import no_x_dim_rows_are_scalars
+from .zero_constants import zero_constants_left_out
 from . import parallel_compile
 from .parallel_compile import classmethod_replaced, compiled_by_workers
 
@@ -114,15 +115,19 @@ def compile_options(mode: str):
     return _wrapped("get_aoti_compile_options", wrap)
 
 
-def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | None = None):
+def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | None = None,
+               zero_constants: bool = False):
     """ExecuTorch's lowering of the traced (fused) methods into CUDA delegates: the
     EdgeProgramManager. Each method is partitioned and compiled on its own, so a worker
-    process that lowers one method makes the same delegate (parallel_compile.py)."""
+    process that lowers one method makes the same delegate (parallel_compile.py).
+    `zero_constants`: `lowering.zero_constants` (config.py)."""
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py);
-    # no_x_dim_rows_are_scalars: torch 2.11's split scans of the plain heads (inductor_compat.py)
-    with delegate_outputs_in_order(), compile_options(autotune), no_x_dim_rows_are_scalars():
+    # no_x_dim_rows_are_scalars: torch 2.11's split scans of the plain heads (inductor_compat.py);
+    # zero_constants_left_out: the all-zero caches serialized with no bytes (zero_constants.py)
+    with delegate_outputs_in_order(), compile_options(autotune), no_x_dim_rows_are_scalars(), \
+            zero_constants_left_out(zero_constants):
         return to_edge_transform_and_lower(
             programs,
             partitioner=_partitioners(list(programs)),
@@ -142,10 +147,11 @@ def auto_jobs(methods: int, cores: int | None = None) -> int:
     return max(1, min(methods, cores // 2))
 
 
-def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[str, dict] | None, say):
+def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[str, dict] | None, say,
+             zero_constants: bool = False):
     """While lowering: the methods' AOTInductor compiles, in `jobs` worker processes that make
     each method with `producer` (parallel_compile.py) when both are given, else here, timed.
-    `jobs` None: `auto_jobs`."""
+    `jobs` None: `auto_jobs`. The workers lower as `lower_edge(autotune, zero_constants)`."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
     if jobs is None:
@@ -156,8 +162,8 @@ def compiles(names: list[str], autotune: str, jobs: int | None, producer: tuple[
         say("this ExecuTorch compiles a program's methods together (CudaBackend.preprocess_multimethod): "
             "compiling them in this process")
         return timed_compiles(say)
-    return compiled_by_workers(names, CudaBackend, producer, (f"{__name__}:lower_edge", {"autotune": autotune}),
-                               jobs, preload=(KERNELS,), say=say)
+    recipe = (f"{__name__}:lower_edge", {"autotune": autotune, "zero_constants": zero_constants})
+    return compiled_by_workers(names, CudaBackend, producer, recipe, jobs, preload=(KERNELS,), say=say)
 
 
 def _fused_kinds(cfg) -> list[tuple[str, ...]]:
@@ -201,9 +207,9 @@ def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1
     require_cuda()
     fused = prepare(programs, spec, cfg)
     if compiling is None:
-        compiling = compiles(list(programs), cfg.lowering.autotune, jobs, producer, say)
+        compiling = compiles(list(programs), cfg.lowering.autotune, jobs, producer, say, cfg.lowering.zero_constants)
     with compiling:
-        edge = lower_edge(programs, cfg.lowering.autotune, methods.constant_values(spec))
+        edge = lower_edge(programs, cfg.lowering.autotune, methods.constant_values(spec), cfg.lowering.zero_constants)
     program = edge.to_executorch(executorch_config())
     check_bounds(program.buffer, spec)
     files = {artifact.PTE: program.buffer}
@@ -217,6 +223,7 @@ def lower(programs: dict, spec, cfg, say=lambda text: None, jobs: int | None = 1
         "fused_verify": cfg.lowering.fused_verify,
         "fused_attention": cfg.lowering.fused_attention,
         "autotune": cfg.lowering.autotune,
+        "zero_constants": cfg.lowering.zero_constants,
         "fused_heads": fused,
         "delegates": delegates(program.buffer),
     }

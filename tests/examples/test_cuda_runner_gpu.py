@@ -52,16 +52,17 @@ pytestmark = [
 ]
 
 # name -> (built-in config, model dtype, backend, drafter distilled on the float32 checks' prompts,
-# lowering.fused_verify, lowering.fused_attention)
+# lowering.fused_verify, lowering.fused_attention, lowering.zero_constants)
 HYBRID = "qwen3.5 hybrid"
 EXPORTS = {
-    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, False),
-    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False),
-    "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False, False),
-    "sampling-f32-attn": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True),
-    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True, False),
-    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True, False),
-    "hybrid-f32": (HYBRID, "float32", "cuda", False, True, False),  # a Qwen3.5 hybrid target (_hybrid_pair)
+    "sampling-f32": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, False, False),
+    "greedy-f32": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False, False),
+    "greedy-f32-zeros": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False, True),
+    "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False, False, False),
+    "sampling-f32-attn": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True, False),
+    "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True, False, False),
+    "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True, False, False),
+    "hybrid-f32": (HYBRID, "float32", "cuda", False, True, False, False),  # a Qwen3.5 hybrid target (_hybrid_pair)
 }
 F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
 
@@ -76,12 +77,12 @@ def _selected() -> list[str]:
 
 
 def _config(name: str) -> config.ExportConfig:
-    base, dtype, backend, distilled, fused, attention = EXPORTS[name]
+    base, dtype, backend, distilled, fused, attention, zeros = EXPORTS[name]
     if base == HYBRID:
         return _hybrid_config(backend)
     cfg = config.load(base)
     model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
-    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused, fused_attention=attention)
+    lowering = dataclasses.replace(cfg.lowering, fused_verify=fused, fused_attention=attention, zero_constants=zeros)
     return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering)
 
 
@@ -274,6 +275,26 @@ def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
             rows = [a for s in want.steps for a in s.acceptance]
             print(f"  drafts identical in {same}/{len(drafts)} steps; mean acceptance {sum(rows) / len(rows):.2f}")
             assert max(rows) == program.constants["block_size"]  # whole blocks committed: real drafts
+
+
+def test_caches_left_out_of_the_blob_are_zeroed_at_load(artifacts):
+    """`lowering.zero_constants` (lowering/zero_constants.py): the caches are not in the .ptd (it
+    is smaller than greedy-f32's by their bytes at least), the runner's zero-constants patch
+    allocates and zeroes them at load, and the tokens are the CPU reference's, speculative and
+    target-only, the methods' state shared as ever."""
+    d = artifacts["greedy-f32-zeros"]
+    program = _eager("greedy-f32-zeros", "cpu")
+    caches = {}
+    for m in builder.build(_config("greedy-f32-zeros")).methods:
+        caches.update({n: b.nbytes for n, b in m.module.named_buffers() if b.numel() and not bool(b.any())})
+    full = artifacts["greedy-f32"] / "aoti_cuda_blob.ptd"
+    saved = full.stat().st_size - (d / "aoti_cuda_blob.ptd").stat().st_size
+    print(f"\ngreedy-f32-zeros: .ptd {saved} bytes smaller than greedy-f32's; {len(caches)} zero buffers, "
+          f"{sum(caches.values())} bytes")
+    assert caches and saved >= sum(caches.values())
+    owners = _owners(program, seed=F32_SEED)
+    for mode, flags in (("speculative", ["--drafts"]), ("target_only", ["--target-only"])):
+        _same_as_cpu(artifacts, "greedy-f32-zeros", program, owners, mode, *flags)
 
 
 @pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32-attn"])

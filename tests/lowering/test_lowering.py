@@ -250,8 +250,8 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
     events, handed = [], {}
 
     @contextlib.contextmanager
-    def compiles(names, autotune, jobs, producer, say):
-        handed.update(names=names, jobs=jobs, producer=producer)
+    def compiles(names, autotune, jobs, producer, say, zero_constants):
+        handed.update(names=names, jobs=jobs, producer=producer, zero_constants=zero_constants)
         events.append("workers started")
         yield
         events.append("workers stopped")
@@ -266,13 +266,15 @@ def test_a_cuda_export_reports_the_fused_heads_per_method(monkeypatch, tmp_path)
     monkeypatch.setattr(cuda, "lower", lower)
     stream = io.StringIO()
     cfg = config.load("heads-sampling-cuda")
+    cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, zero_constants=True))
     directory = exporter.export_program(cfg, tmp_path / "x", progress=artifact.Progress(9, stream=stream))
     assert "fused verify heads: dflash_verify 1 (dflash_verify@<root>), sample_rows 0" in stream.getvalue()
     assert json.loads((directory / "manifest.json").read_text())["lowering"] == report
     assert events == ["workers started", "traced", "lowered", "workers stopped"]
     # the workers of the parallel compile remake each method from the same config
     assert handed == {"names": [m.name for m in builder.build(cfg).methods], "jobs": None,
-                      "producer": (f"{exporter.__name__}:traced_cuda_method", {"config": cfg.to_dict()})}
+                      "producer": (f"{exporter.__name__}:traced_cuda_method", {"config": cfg.to_dict()}),
+                      "zero_constants": True}  # (the workers' lowering leaves the zeros out too)
 
 
 def test_auto_jobs_is_one_worker_per_method_on_at_most_half_the_cores():

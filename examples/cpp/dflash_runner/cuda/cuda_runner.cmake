@@ -1,7 +1,8 @@
 # The CUDA build of dflash_runner (DFLASH_RUNNER_CUDA=ON): ExecuTorch 1.2.0's CUDA backend,
-# compiled from an ExecuTorch v1.2.0 source tree with our share-constants, CUDA-graphs and dtypes patches,
-# into the runner itself, which links the C++ runtime that the executorch 1.2.0 wheel ships inside
-# its Python extension (_portable_lib). scripts/build-cuda-runner.sh drives this.
+# compiled from an ExecuTorch v1.2.0 source tree with our share-constants, CUDA-graphs, dtypes and
+# zero-constants patches, into the runner itself, which links the C++ runtime that the executorch
+# 1.2.0 wheel ships inside its Python extension (_portable_lib). scripts/build-cuda-runner.sh
+# drives this.
 #
 # Why this pairing (README.md of the runner says more): the H200's torch 2.11 exports with
 # ExecuTorch 1.2.0, a backend must be built from the sources of its runtime's release (the
@@ -95,6 +96,20 @@ if(NOT _patch_rc EQUAL 0)
 endif()
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_patch}" "${_graphs_patch}" "${_backend_cpp}")
 
+# Constants recorded with no bytes (`lowering.zero_constants`: the all-zero caches left out of
+# the .ptd) get a zeroed tensor at load, where 1.2.0's shim refuses their null pointer.
+set(_zero_patch "${CMAKE_CURRENT_SOURCE_DIR}/cuda/executorch-v1.2.0-zero-constants.patch")
+set(_memory_cpp "${EXECUTORCH_SOURCE}/backends/cuda/runtime/shims/memory.cpp")
+set(_patched_memory "${CMAKE_BINARY_DIR}/patched/memory.cpp")
+execute_process(
+  COMMAND "${PATCH_EXECUTABLE}" --quiet --forward -o "${_patched_memory}" -i "${_zero_patch}" "${_memory_cpp}"
+  RESULT_VARIABLE _patch_rc OUTPUT_VARIABLE _patch_out ERROR_VARIABLE _patch_out)
+if(NOT _patch_rc EQUAL 0)
+  message(FATAL_ERROR "${_zero_patch} does not apply to ${_memory_cpp} (is it v1.2.0, unmodified?):\n"
+                      "${_patch_out}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_zero_patch}" "${_memory_cpp}")
+
 # float64 and uint8 tensors (the plain heads' masses, inductor's workspaces): patched copies
 # of three slim-tensor files in an overlay include directory searched before the source tree
 # (they are all included as <executorch/...>), the patched shims compiled instead of the
@@ -122,7 +137,7 @@ add_executable(dflash_runner
   main.cpp
   "${_patched}"
   "${_et}/backends/cuda/runtime/platform/platform.cpp"
-  "${_et}/backends/cuda/runtime/shims/memory.cpp"
+  "${_patched_memory}"
   "${_et}/backends/cuda/runtime/shims/cuda_guard.cpp"
   cuda/zero_shim.cpp
   cuda/shim_check.cpp
