@@ -9,9 +9,12 @@ Four kernels, one program per row, each a stage of the design for one top-k or t
 2. `estimate_kernel`: the sample sorted in SPEC.md's order (packed (key, index), `tl.sort`),
    and the bracket around the estimated cut (the estimator of the simulation: each point
    stands for the row's finite count over its points; top-p puts what the points miss of S
-   at the top).
+   at the top), and guards G times further out. Also timed: the sample read from the row
+   by this kernel (runs of 8 logits, one 32-byte sector each in bf16), which would leave
+   the tuned first pass as it is.
 3. `bracket_kernel`: one more pass over the row: the exact count and mass above the
-   bracket, and its tokens, packed, stored in a list of LIST (a block cumsum places them).
+   bracket, and its tokens, packed, stored in a list of LIST (a block cumsum places them);
+   also timed with the count and mass above both guards (what narrows a missed bracket).
 4. `list_kernel`: the list sorted, and the cut from it (exact when the bracket held it).
 
 Rows of one kind, 1024 x V (64 owners x 16 rows at V = 151936: issue #25's shape), bf16 or
@@ -78,14 +81,22 @@ def first_pass_kernel(x_ptr, stride, vocab, temperature, stats_ptr, sample_ptr, 
 
 
 @triton.jit
-def estimate_kernel(sample_ptr, n_sample, stats_ptr, temperature, goal, bracket_ptr,
-                    RATE: tl.constexpr, N: tl.constexpr, M: tl.constexpr, BY_MASS: tl.constexpr):
-    """bracket_ptr[row] = (first, last): packed tokens M sample points either side of the
-    estimated cut (INT64_MAX: from the top; INT64_MIN: to the end). goal: top_p, or top_k."""
+def estimate_kernel(sample_ptr, n_sample, x_ptr, stride, vocab, stats_ptr, temperature, goal, bracket_ptr,
+                    RATE: tl.constexpr, N: tl.constexpr, M: tl.constexpr, G: tl.constexpr, BY_MASS: tl.constexpr,
+                    GATHER: tl.constexpr, RUN: tl.constexpr):
+    """bracket_ptr[row] = (first, last, guard above, guard below): packed tokens M and G * M
+    sample points either side of the estimated cut (INT64_MAX: from the top; INT64_MIN: to the
+    end). goal: top_p, or top_k. GATHER: the sample read from the row here, RUN consecutive
+    logits every RUN * RATE (one 32-byte sector per run in bf16), instead of the first pass's."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, N)
-    x = tl.load(sample_ptr + row * n_sample + i, mask=i < n_sample, other=float("-inf"))
-    points = tl.sort(tl.where(x > float("-inf"), _pack(x, i * RATE), INT64_MIN), descending=True)
+    if GATHER:
+        index = (i // RUN) * (RUN * RATE) + i % RUN
+        x = sanitize(tl.load(x_ptr + row * stride + index, mask=index < vocab, other=float("-inf")))
+    else:
+        index = i * RATE
+        x = tl.load(sample_ptr + row * n_sample + i, mask=i < n_sample, other=float("-inf"))
+    points = tl.sort(tl.where(x > float("-inf"), _pack(x, index), INT64_MIN), descending=True)
     real = points != INT64_MIN
     n_pts = tl.sum(real.to(tl.int32), 0)
     x_max = tl.load(stats_ptr + row * 3).to(tl.float32)
@@ -100,33 +111,49 @@ def estimate_kernel(sample_ptr, n_sample, stats_ptr, temperature, goal, bracket_
         acc = (i + 1).to(tl.float64) * per_point
         target = goal + tl.zeros((), tl.float64)
     j = tl.minimum(tl.sum((real & (acc < target)).to(tl.int32), 0), n_pts - 1)
-    first = tl.where(j - M >= 0, tl.sum(tl.where(i == j - M, points, 0), 0), INT64_MAX)
-    last = tl.where(j + M < n_pts, tl.sum(tl.where(i == j + M, points, 0), 0), INT64_MIN)
-    tl.store(bracket_ptr + row * 2, first)
-    tl.store(bracket_ptr + row * 2 + 1, last)
+    for k in tl.static_range(4):
+        at = j + M * (2 * (k % 2) - 1) * (1 + (G - 1) * (k // 2))  # j - M, j + M, j - G M, j + G M
+        edge = tl.where(k % 2 == 0, INT64_MAX, INT64_MIN)
+        picked = tl.where((at >= 0) & (at < n_pts), tl.sum(tl.where(i == at, points, 0), 0), edge)
+        tl.store(bracket_ptr + row * 4 + k, picked)
 
 
 @triton.jit
 def bracket_kernel(x_ptr, stride, vocab, temperature, stats_ptr, bracket_ptr, list_ptr, out_ptr,
-                   LIST: tl.constexpr, BLOCK: tl.constexpr):
-    """out_ptr[row] = (count above the bracket, its mass, the bracket's tokens) as float64; the
-    first LIST of those tokens, packed, to list_ptr[row]."""
+                   LIST: tl.constexpr, BLOCK: tl.constexpr, GUARDS: tl.constexpr):
+    """out_ptr[row] = (count above the bracket, its mass, the bracket's tokens, and with GUARDS
+    count and mass above each guard) as float64; the first LIST of the bracket's tokens,
+    packed, to list_ptr[row]."""
     row = tl.program_id(0).to(tl.int64)
     scale = weight_scale(temperature)
     x_max = tl.load(stats_ptr + row * 3).to(tl.float32)
-    first = tl.load(bracket_ptr + row * 2)
-    last = tl.load(bracket_ptr + row * 2 + 1)
+    first = tl.load(bracket_ptr + row * 4)
+    last = tl.load(bracket_ptr + row * 4 + 1)
+    guard_hi = tl.load(bracket_ptr + row * 4 + 2)
+    guard_lo = tl.load(bracket_ptr + row * 4 + 3)
     above_n = tl.zeros((BLOCK,), tl.int32)
     above_mass = tl.zeros((BLOCK,), tl.float32)
+    hi_n = tl.zeros((BLOCK,), tl.int32)
+    hi_mass = tl.zeros((BLOCK,), tl.float32)
+    lo_n = tl.zeros((BLOCK,), tl.int32)
+    lo_mass = tl.zeros((BLOCK,), tl.float32)
     count = tl.zeros((), tl.int64)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = sanitize(tl.load(x_ptr + row * stride + offs, mask=offs < vocab, other=float("-inf")))
         p = _pack(x, offs)
         finite = x > float("-inf")
+        w = scaled_weight(x, x_max, scale)
         above = finite & (p > first)
         above_n += above.to(tl.int32)
-        above_mass += tl.where(above, scaled_weight(x, x_max, scale), 0.0)
+        above_mass += tl.where(above, w, 0.0)
+        if GUARDS:
+            hi = finite & (p > guard_hi)
+            hi_n += hi.to(tl.int32)
+            hi_mass += tl.where(hi, w, 0.0)
+            lo = finite & (p > guard_lo)
+            lo_n += lo.to(tl.int32)
+            lo_mass += tl.where(lo, w, 0.0)
         member = finite & (p <= first) & (p > last)
         take = member.to(tl.int64)
         n_take = tl.sum(take, 0)
@@ -134,9 +161,14 @@ def bracket_kernel(x_ptr, stride, vocab, temperature, stats_ptr, bracket_ptr, li
             pos = count + tl.cumsum(take, 0) - take
             tl.store(list_ptr + row * LIST + pos, p, mask=member & (pos < LIST))
             count += n_take
-    tl.store(out_ptr + row * 3, tl.sum(above_n, 0).to(tl.float64))
-    tl.store(out_ptr + row * 3 + 1, tl.sum(above_mass.to(tl.float64), 0))
-    tl.store(out_ptr + row * 3 + 2, count.to(tl.float64))
+    out = out_ptr + row * 7
+    tl.store(out, tl.sum(above_n, 0).to(tl.float64))
+    tl.store(out + 1, tl.sum(above_mass.to(tl.float64), 0))
+    tl.store(out + 2, count.to(tl.float64))
+    tl.store(out + 3, tl.sum(hi_n, 0).to(tl.float64))
+    tl.store(out + 4, tl.sum(hi_mass.to(tl.float64), 0))
+    tl.store(out + 5, tl.sum(lo_n, 0).to(tl.float64))
+    tl.store(out + 6, tl.sum(lo_mass.to(tl.float64), 0))
 
 
 @triton.jit
@@ -145,10 +177,10 @@ def list_kernel(list_ptr, stats_ptr, bracket_ptr, bracket_out_ptr, temperature, 
     """cut_ptr[row] = (the cut, packed; 1 if the bracket held it, else 0). It held the cut if
     it fit the list, its first token is kept and the token after it (if any) is not."""
     row = tl.program_id(0).to(tl.int64)
-    above_n = tl.load(bracket_out_ptr + row * 3).to(tl.int64)
-    above_mass = tl.load(bracket_out_ptr + row * 3 + 1)
-    n = tl.load(bracket_out_ptr + row * 3 + 2).to(tl.int32)
-    to_end = tl.load(bracket_ptr + row * 2 + 1) == INT64_MIN
+    above_n = tl.load(bracket_out_ptr + row * 7).to(tl.int64)
+    above_mass = tl.load(bracket_out_ptr + row * 7 + 1)
+    n = tl.load(bracket_out_ptr + row * 7 + 2).to(tl.int32)
+    to_end = tl.load(bracket_ptr + row * 4 + 1) == INT64_MIN
     i = tl.arange(0, LIST)
     real = i < n
     packed = tl.sort(tl.load(list_ptr + row * LIST + i, mask=real, other=INT64_MIN), descending=True)
@@ -191,8 +223,9 @@ def reference_cut(x: torch.Tensor, temperature: float, top_k: int, top_p: float)
 
 
 def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int, list_size: int,
-        block: int = 2048, fill: float = 0.5) -> dict:
-    """Every stage on rows x; returns the stages' launches (for timing) and their outputs."""
+        block: int = 2048, fill: float = 0.5, guards: int = 4, run_length: int = 8) -> dict:
+    """Every stage on rows x; returns the stages' launches (for timing) and the outputs of the
+    variant the simulation models (the sample stored by the first pass, no guards)."""
     rows, vocab = x.shape
     dev = x.device
     n_sample = triton.cdiv(vocab, rate)
@@ -202,27 +235,39 @@ def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int
     goal = top_p if by_mass else float(top_k)
     stats = torch.empty(rows, 3, dtype=torch.float64, device=dev)
     samples = torch.empty(rows, n_sample, dtype=torch.float32, device=dev)
-    bracket = torch.empty(rows, 2, dtype=torch.int64, device=dev)
+    bracket = torch.empty(rows, 4, dtype=torch.int64, device=dev)
     listed = torch.empty(rows, list_size, dtype=torch.int64, device=dev)
-    out = torch.empty(rows, 3, dtype=torch.float64, device=dev)
+    out = torch.empty(rows, 7, dtype=torch.float64, device=dev)
     cut = torch.empty(rows, 2, dtype=torch.int64, device=dev)
+    spare = {"bracket": torch.empty_like(bracket), "out": torch.empty_like(out)}  # (the variants' outputs)
+
+    def first(sample):
+        return lambda: first_pass_kernel[(rows,)](x, x.stride(0), vocab, temperature, stats, samples, n_sample,
+                                                  RATE=rate, SAMPLE=sample, BLOCK=block)
+
+    def estimate(gather, into):
+        return lambda: estimate_kernel[(rows,)](
+            samples, n_sample, x, x.stride(0), vocab, stats, temperature, goal, into, RATE=rate, N=n_pow2, M=m,
+            G=max(guards, 1), BY_MASS=by_mass, GATHER=gather, RUN=run_length, num_warps=8)
+
+    def bracket_pass(with_guards, into):
+        return lambda: bracket_kernel[(rows,)](x, x.stride(0), vocab, temperature, stats, bracket, listed, into,
+                                               LIST=list_size, BLOCK=block, GUARDS=with_guards)
+
     stages = {
-        "first pass, no sample": lambda: first_pass_kernel[(rows,)](
-            x, x.stride(0), vocab, temperature, stats, samples, n_sample, RATE=rate, SAMPLE=False, BLOCK=block),
-        "first pass + sample": lambda: first_pass_kernel[(rows,)](
-            x, x.stride(0), vocab, temperature, stats, samples, n_sample, RATE=rate, SAMPLE=True, BLOCK=block),
-        "estimate (sort the sample)": lambda: estimate_kernel[(rows,)](
-            samples, n_sample, stats, temperature, goal, bracket, RATE=rate, N=n_pow2, M=m, BY_MASS=by_mass,
-            num_warps=8),
-        "bracket pass": lambda: bracket_kernel[(rows,)](
-            x, x.stride(0), vocab, temperature, stats, bracket, listed, out, LIST=list_size, BLOCK=block),
+        "first pass, no sample": first(False),
+        "first pass + sample": first(True),
+        "estimate (sort the sample)": estimate(False, bracket),
+        f"estimate, sample read here ({run_length} in a run)": estimate(True, spare["bracket"]),
+        "bracket pass": bracket_pass(False, out),
+        "bracket pass + 2 guards": bracket_pass(True, spare["out"]),
         "list (sort, cut)": lambda: list_kernel[(rows,)](
             listed, stats, bracket, out, temperature, goal, cut, LIST=list_size, BY_MASS=by_mass, num_warps=8),
     }
-    for name, launch in stages.items():
-        if name != "first pass, no sample":
-            launch()
-    return {"stages": stages, "cut": cut[:, 0], "held": cut[:, 1].bool(), "stats": stats, "samples": samples}
+    for name in ("first pass + sample", "estimate (sort the sample)", "bracket pass", "list (sort, cut)"):
+        stages[name]()
+    return {"stages": stages, "cut": cut[:, 0], "held": cut[:, 1].bool(), "stats": stats, "samples": samples,
+            "bracket": bracket, "out": out, "variants": spare}
 
 
 def main(argv=None) -> int:
@@ -266,10 +311,14 @@ def main(argv=None) -> int:
         for name, launch in got["stages"].items():
             times[name] = do_bench(launch, warmup=10, rep=50, return_mode="median")
             print(f"| {name} | {times[name] * 1e3:.1f} | {times[name] / floor_ms:.2f} |")
-        total = sum(t for n, t in times.items() if n != "first pass, no sample")
-        print(f"| all four (a cut from its first bracket) | {total * 1e3:.1f} | {total / floor_ms:.2f} |")
+        total = sum(times[n] for n in ("first pass + sample", "estimate (sort the sample)", "bracket pass",
+                                       "list (sort, cut)"))
+        print(f"| the four stages (a cut from its first bracket) | {total * 1e3:.1f} | {total / floor_ms:.2f} |")
         print(f"| baseline: torch.sort of the rows | {sort_ms * 1e3:.1f} | {sort_ms / floor_ms:.2f} |")
-        print(f"\nall four / torch.sort: {total / sort_ms:.3f}")
+        print(f"\nthe four stages / torch.sort: {total / sort_ms:.3f}")
+        ends = got["variants"]["bracket"]
+        between = int(((ends[:, 1] < want) & (want <= ends[:, 0])).sum())
+        print(f"the sample read by the estimate: the cut between its bracket's ends in {between}/{args.rows} rows")
     return 0
 
 

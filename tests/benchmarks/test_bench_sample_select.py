@@ -1,6 +1,7 @@
 """`benchmarks/bench_sample_select.py`'s kernels (issue #25's sample select, timed on the GPU) in
-the Triton interpreter: the first pass's stats and sample, and the cut from a bracket that held
-it equal to a sort's, for top-p and top-k rows of every kind; a bracket that misses says so."""
+the Triton interpreter: the first pass's stats and sample, the cut from a bracket that held it
+equal to a sort's, for top-p and top-k rows of every kind, the guards' exact counts and the
+sample the estimate reads from the row itself; a bracket that misses says so."""
 
 import sys
 from pathlib import Path
@@ -27,13 +28,36 @@ def test_a_held_cut_is_the_sorts(kind, top_k, top_p):
     held = got["held"]
     assert bool(held.any()), "no bracket held its cut: the test checks nothing"
     assert torch.equal(got["cut"][held], want[held])
-    xs = x.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf"))
+    # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one key, as the kernels pack it)
+    xs = x.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf")) + 0.0
     assert torch.equal(got["samples"], xs[:, ::RATE])
     finite = xs > float("-inf")
     assert torch.equal(got["stats"][:, 0].float(), xs.amax(-1))
     assert torch.equal(got["stats"][:, 2], finite.sum(-1).double())
     mass = torch.exp(xs - xs.amax(-1, keepdim=True)).double().sum(-1)
     assert torch.allclose(got["stats"][:, 1], mass, rtol=1e-5)
+    # The variants: guards counted exactly, and a sample the estimate reads from the row itself.
+    got["stages"]["bracket pass + 2 guards"]()
+    packed = _packed(xs)
+    guarded = got["variants"]["out"]
+    assert torch.equal(guarded[:, :3], got["out"][:, :3])
+    for column, threshold in ((3, got["bracket"][:, 2]), (5, got["bracket"][:, 3])):
+        assert torch.equal(guarded[:, column], (packed > threshold[:, None]).sum(-1).double())
+    assert torch.equal(got["out"][:, 0], (packed > got["bracket"][:, 0, None]).sum(-1).double())
+    got["stages"]["estimate, sample read here (8 in a run)"]()
+    ends = got["variants"]["bracket"]
+    index = 0xFFFFFFFF - (ends & 0xFFFFFFFF)
+    edge = (ends == torch.iinfo(torch.int64).max) | (ends == torch.iinfo(torch.int64).min)
+    assert bool((edge | (index % (8 * RATE) < 8)).all()), ends  # every end is an edge or a point of a run
+    assert bool((edge | (packed.gather(-1, index.clamp(0, V - 1)) == ends)).all())
+
+
+def _packed(xs: torch.Tensor) -> torch.Tensor:
+    """The kernels' packing of each token; the smallest int64 for a non-finite one."""
+    bits = xs.view(torch.int32)
+    key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)
+    index = torch.arange(xs.shape[-1], dtype=torch.int64)
+    return torch.where(xs > float("-inf"), (key << 32) | (0xFFFFFFFF - index), torch.iinfo(torch.int64).min)
 
 
 def test_a_bracket_that_misses_the_cut_says_so():
