@@ -17,6 +17,10 @@ Four kernels, one program per row, each a stage of the design for one top-k or t
    also timed with the count and mass above both guards (what narrows a missed bracket).
 4. `list_kernel`: the list sorted, and the cut from it (exact when the bracket held it).
 
+Launch shapes: the passes 2048 logits a step (the first 4 warps, the bracket 8), the sorts
+16 warps; so every variant compiles for sm_90 without spills (checked offline as
+`kernel_registers.py` compiles: the bracket pass with guards 187-207 registers, the rest <= 162).
+
 Rows of one kind, 1024 x V (64 owners x 16 rows at V = 151936: issue #25's shape), bf16 or
 fp32; the floor is one read of the rows at the measured copy bandwidth, the baseline a
 `torch.sort` of the rows. Each stage's median time (triton.testing.do_bench), x floor, the sum
@@ -248,11 +252,11 @@ def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int
     def estimate(gather, into):
         return lambda: estimate_kernel[(rows,)](
             samples, n_sample, x, x.stride(0), vocab, stats, temperature, goal, into, RATE=rate, N=n_pow2, M=m,
-            G=max(guards, 1), BY_MASS=by_mass, GATHER=gather, RUN=run_length, num_warps=8)
+            G=max(guards, 1), BY_MASS=by_mass, GATHER=gather, RUN=run_length, num_warps=16)
 
     def bracket_pass(with_guards, into):
         return lambda: bracket_kernel[(rows,)](x, x.stride(0), vocab, temperature, stats, bracket, listed, into,
-                                               LIST=list_size, BLOCK=block, GUARDS=with_guards)
+                                               LIST=list_size, BLOCK=block, GUARDS=with_guards, num_warps=8)
 
     stages = {
         "first pass, no sample": first(False),
@@ -262,7 +266,7 @@ def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int
         "bracket pass": bracket_pass(False, out),
         "bracket pass + 2 guards": bracket_pass(True, spare["out"]),
         "list (sort, cut)": lambda: list_kernel[(rows,)](
-            listed, stats, bracket, out, temperature, goal, cut, LIST=list_size, BY_MASS=by_mass, num_warps=8),
+            listed, stats, bracket, out, temperature, goal, cut, LIST=list_size, BY_MASS=by_mass, num_warps=16),
     }
     for name in ("first pass + sample", "estimate (sort the sample)", "bracket pass", "list (sort, cut)"):
         stages[name]()
