@@ -101,6 +101,62 @@ class Row:
         return keys(values.float().to(self.dtype).float(), self.dtype)
 
 
+def checked_cells(rows: int, vocab: int, dtypes, simulate):
+    """The simulations' common loop: for each dtype, row kind and mode with a cut, (dtype, kind,
+    mode, the stats of each row), from `simulate(x, dtype, temperature, top_k, top_p) ->
+    (cut_k or None, cut_p or None, stats)` on `rows` sanitized rows, every cut checked against
+    a sort (`sorted_cuts`; AssertionError otherwise)."""
+    g = torch.Generator().manual_seed(0)
+    modes = {name: m for name, m in cases.kind_modes(vocab).items() if m[1] != 0 or m[2] < 1.0}
+    for dtype in dtypes:
+        for kind in cases.ROW_KINDS:
+            # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
+            x_all = sampling.sanitize(cases.kind_logits(g, kind, rows, vocab, dtype)) + 0.0
+            for mode, (temperature, top_k, top_p) in modes.items():
+                got = []
+                for x in x_all:
+                    if not bool((x > float("-inf")).any()):
+                        continue
+                    cut_k, cut_p, stats = simulate(x, dtype, temperature, top_k, top_p)
+                    want_k, want_p = sorted_cuts(x, keys(x, dtype), temperature, top_k, top_p)
+                    if cut_k is not None:
+                        assert cut_k == want_k, (kind, mode, dtype, cut_k, want_k)
+                    assert cut_p == want_p, (kind, mode, dtype, cut_p, want_p)
+                    got.append(stats)
+                if got:
+                    yield dtype, kind, mode, got
+
+
+def worst_rows(cells, columns: dict) -> int:
+    """Print each cell's row of the table (`columns`: title -> (a cell's figure from its stats,
+    its format)), under a heading per dtype, then the worst cell per dtype and figure; returns 0."""
+    worst, heading = {}, None
+    for dtype, kind, mode, got in cells:
+        if dtype != heading:
+            heading = dtype
+            print(f"\n## {dtype}\n\n| kind | mode | " + " | ".join(columns) + " |\n|---|---|"
+                  + "---|" * len(columns))
+        figures = {title: figure(got) for title, (figure, _) in columns.items()}
+        print(f"| {kind} | {mode} | " + " | ".join(fmt(figures[t]) for t, (_, fmt) in columns.items()) + " |")
+        for title, v in figures.items():
+            v = v[1] if isinstance(v, tuple) else v  # (mean, max): the max
+            worst[(str(dtype), title)] = max(worst.get((str(dtype), title), (0, "")), (v, f"{kind}, {mode}"))
+    print("\n## The worst row\n\n| dtype | what | worst | kind, mode |\n|---|---|---|---|")
+    for (dtype, what), (v, where) in sorted(worst.items()):
+        print(f"| {dtype} | {what} | {v:.0f} | {where} |")
+    return 0
+
+
+def passes(got: list[dict]) -> tuple[float, int]:
+    """(mean, max) passes of a cell's rows."""
+    p = [s["passes"] for s in got]
+    return sum(p) / len(p), max(p)
+
+
+def mean_max(v: tuple[float, int]) -> str:
+    return f"{v[0]:.1f} / {v[1]}"
+
+
 def value_of_key(key: int, dtype) -> float:
     if dtype == torch.float32:
         bits = key if key >= 0 else -(key + 1) | -0x80000000

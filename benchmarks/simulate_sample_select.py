@@ -48,8 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_et.export import cases, sampling
-from simulate_cut_search import keys, sorted_cuts  # (benchmarks/, beside this script)
+from simulate_cut_search import checked_cells, keys, mean_max, passes, sorted_cuts, worst_rows  # (beside it)
 
 MIN_POINTS = 4  # fewer sample points than this in a region: split it by key instead
 ROUNDS_CAP = 100  # (a simulation that loops is a bug in it)
@@ -180,39 +179,13 @@ def main(argv=None) -> int:
     ap.add_argument("--brackets", type=int, default=3, help="bracket passes per row before the key splits")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     args = ap.parse_args(argv)
-    g = torch.Generator().manual_seed(0)
-    modes = {name: m for name, m in cases.kind_modes(args.vocab).items() if m[1] != 0 or m[2] < 1.0}
     print(f"V = {args.vocab}, {args.rows} rows per cell, a sample point per {args.rate} tokens, list {args.list}, "
           f"fill {args.fill}, guards x{args.guards}; passes after the first: mean / max; key splits: max")
-    worst = {}
-    for dtype in (getattr(torch, d) for d in args.dtypes):
-        print(f"\n## {dtype}\n\n| kind | mode | passes | key splits | list |\n|---|---|---|---|---|")
-        for kind in cases.ROW_KINDS:
-            # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
-            x_all = sampling.sanitize(cases.kind_logits(g, kind, args.rows, args.vocab, dtype)) + 0.0
-            for mode, (temperature, top_k, top_p) in modes.items():
-                got = []
-                for x in x_all:
-                    if not bool((x > float("-inf")).any()):
-                        continue
-                    cut_k, cut_p, stats = simulate(x, dtype, temperature, top_k, top_p, args)
-                    want_k, want_p = sorted_cuts(x, keys(x, dtype), temperature, top_k, top_p)
-                    if cut_k is not None:
-                        assert cut_k == want_k, (kind, mode, dtype, cut_k, want_k)
-                    assert cut_p == want_p, (kind, mode, dtype, cut_p, want_p)
-                    got.append(stats)
-                if not got:
-                    continue
-                p = [s["passes"] for s in got]
-                splits = max(s["splits"] for s in got)
-                lists = max(s["list"] for s in got)
-                print(f"| {kind} | {mode} | {sum(p) / len(p):.1f} / {max(p)} | {splits} | {lists} |")
-                for what, v in (("passes", max(p)), ("key splits", splits), ("list", lists)):
-                    worst[(str(dtype), what)] = max(worst.get((str(dtype), what), (0, "")), (v, f"{kind}, {mode}"))
-    print("\n## The worst row\n\n| dtype | what | worst | kind, mode |\n|---|---|---|---|")
-    for (dtype, what), (v, where) in sorted(worst.items()):
-        print(f"| {dtype} | {what} | {v:.0f} | {where} |")
-    return 0
+    cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
+                          lambda x, *rule: simulate(x, *rule, args))
+    return worst_rows(cells, {"passes": (passes, mean_max),
+                              "key splits": (lambda got: max(s["splits"] for s in got), str),
+                              "list": (lambda got: max(s["list"] for s in got), str)})
 
 
 if __name__ == "__main__":

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_et.export import cases, sampling
-from simulate_cut_search import keys, sorted_cuts, value_of_key  # (benchmarks/, beside this script)
+from simulate_cut_search import (checked_cells, keys, mean_max, passes, value_of_key,  # (benchmarks/, beside
+                                 worst_rows)  # this script)
 
 HIST_OPS, LIST_OPS, SEARCH_OPS = 28, 20, 16  # ALU operations per logit of each pass (the docstring)
 OCTAVE = 1 << 23  # the codes of one octave of weights (a float32 exponent step)
@@ -233,39 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--bins", type=int, default=30, help="window bins per histogram pass")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     args = ap.parse_args(argv)
-    g = torch.Generator().manual_seed(0)
-    modes = {name: m for name, m in cases.kind_modes(args.vocab).items() if m[1] != 0 or m[2] < 1.0}
     print(f"V = {args.vocab}, {args.rows} rows per cell, {args.bins} bins a pass, list {args.list}; passes "
           "after the first: mean / max; the largest list; ALU ops per logit over them: max")
-    worst = {}
-    for dtype in (getattr(torch, d) for d in args.dtypes):
-        print(f"\n## {dtype}\n\n| kind | mode | passes | list | ALU / logit |\n|---|---|---|---|---|")
-        for kind in cases.ROW_KINDS:
-            # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
-            x_all = sampling.sanitize(cases.kind_logits(g, kind, args.rows, args.vocab, dtype)) + 0.0
-            for mode, (temperature, top_k, top_p) in modes.items():
-                got = []
-                for x in x_all:
-                    if not bool((x > float("-inf")).any()):
-                        continue
-                    cut_k, cut_p, stats = simulate(x, dtype, temperature, top_k, top_p, args.bins, args.list)
-                    want_k, want_p = sorted_cuts(x, keys(x, dtype), temperature, top_k, top_p)
-                    if cut_k is not None:
-                        assert cut_k == want_k, (kind, mode, dtype, cut_k, want_k)
-                    assert cut_p == want_p, (kind, mode, dtype, cut_p, want_p)
-                    got.append(stats)
-                if not got:
-                    continue
-                p = [s["passes"] for s in got]
-                lists = max(s["list"] for s in got)
-                alu = max(s["alu"] for s in got)
-                print(f"| {kind} | {mode} | {sum(p) / len(p):.1f} / {max(p)} | {lists} | {alu:.0f} |")
-                for what, v in (("passes", max(p)), ("list", lists), ("ALU ops per logit", alu)):
-                    worst[(str(dtype), what)] = max(worst.get((str(dtype), what), (0, "")), (v, f"{kind}, {mode}"))
-    print("\n## The worst row\n\n| dtype | what | worst | kind, mode |\n|---|---|---|---|")
-    for (dtype, what), (v, where) in sorted(worst.items()):
-        print(f"| {dtype} | {what} | {v:.0f} | {where} |")
-    return 0
+    cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
+                          lambda x, *rule: simulate(x, *rule, args.bins, args.list))
+    return worst_rows(cells, {"passes": (passes, mean_max), "list": (lambda got: max(s["list"] for s in got), str),
+                              "ALU / logit": (lambda got: max(s["alu"] for s in got), "{:.0f}".format)})
 
 
 if __name__ == "__main__":
