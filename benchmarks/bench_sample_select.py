@@ -40,16 +40,11 @@ import triton
 import triton.language as tl
 
 from dflash_et.export import cases
-from dflash_et.kernels.common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
+from dflash_et.kernels.common import key_value, sanitize, scaled_weight, weight_scale
+from dflash_et.kernels.sampling_rule import pack  # (key, index) in one int64: descending is SPEC.md's order
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
-
-
-@triton.jit
-def _pack(x, index):
-    """(signed key << 32) | ~index: descending order is SPEC.md's (logit descending, index ascending)."""
-    return (ordered_key(x).to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64))
 
 
 @triton.jit
@@ -100,7 +95,7 @@ def estimate_kernel(sample_ptr, n_sample, x_ptr, stride, vocab, stats_ptr, tempe
     else:
         index = i * RATE
         x = tl.load(sample_ptr + row * n_sample + i, mask=i < n_sample, other=float("-inf"))
-    points = tl.sort(tl.where(x > float("-inf"), _pack(x, index), INT64_MIN), descending=True)
+    points = tl.sort(tl.where(x > float("-inf"), pack(x, index), INT64_MIN), descending=True)
     real = points != INT64_MIN
     n_pts = tl.sum(real.to(tl.int32), 0)
     x_max = tl.load(stats_ptr + row * 3).to(tl.float32)
@@ -145,7 +140,7 @@ def bracket_kernel(x_ptr, stride, vocab, temperature, stats_ptr, bracket_ptr, li
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = sanitize(tl.load(x_ptr + row * stride + offs, mask=offs < vocab, other=float("-inf")))
-        p = _pack(x, offs)
+        p = pack(x, offs)
         finite = x > float("-inf")
         w = scaled_weight(x, x_max, scale)
         above = finite & (p > first)
