@@ -6,7 +6,10 @@ for `owners` owners, speculative and target-only, and the loop's tokens per seco
         --output-dir /tmp/q --out q.md
     (long contexts: --config qwen3-smoke-8k-sampling-cuda --prompt 128 --prompt-max 8000
      --modes speculative --graphs off (or on): its export takes ~465 s and each run reloads a
-     15 GB .ptd, so more than one run does not fit one 10-minute device call)
+     15 GB .ptd, so more than one run does not fit one 10-minute device call; with
+     --zero-constants true the caches stay out of the .ptd (lowering/zero_constants.py, the
+     runner's zero-constants patch; not yet run). The step at fixed lengths against
+     max_seq_len (issue #26): the same --prompt / --prompt-max with --max-seq-len 2048 ... 32768)
 
 The drafts of the presets' random drafters are never accepted, so the speculative loop
 commits one token per verify; a step costs the same whatever is accepted (the verify rows
@@ -50,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-verify", choices=("true", "false"), help="override lowering.fused_verify")
     ap.add_argument("--autotune", choices=config.AUTOTUNE, help="override lowering.autotune")
     ap.add_argument("--fused-attention", choices=("true", "false"), help="override lowering.fused_attention")
+    ap.add_argument("--zero-constants", choices=("true", "false"), help="override lowering.zero_constants")
+    ap.add_argument("--max-seq-len", type=int, help="override limits.max_seq_len (the same owners at 2k-32k)")
     ap.add_argument("--output-dir", required=True, help="export here (kept if it already holds this config)")
     ap.add_argument("--owners", type=int, default=0, help="default: the program's max_owners")
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per owner")
@@ -80,7 +85,11 @@ def main(argv=None) -> int:
         lowering["autotune"] = args.autotune
     if args.fused_attention is not None:
         lowering["fused_attention"] = args.fused_attention == "true"
+    if args.zero_constants is not None:
+        lowering["zero_constants"] = args.zero_constants == "true"
     cfg = dataclasses.replace(cfg, lowering=dataclasses.replace(cfg.lowering, **lowering))
+    if args.max_seq_len is not None:
+        cfg = dataclasses.replace(cfg, limits=dataclasses.replace(cfg.limits, max_seq_len=args.max_seq_len))
     out = Path(args.output_dir)
     held = artifact.read_manifest(out)
     if held is not None and held.get("config_digest") == cfg.digest():
@@ -106,9 +115,11 @@ def main(argv=None) -> int:
         listed.write("".join(runner_cli.owner_spec(o) + "\n" for o in owners))
     prompt = (f"prompt {args.prompt}" if longest == args.prompt
               else f"prompts {args.prompt}-{longest} (sum {sum(lengths)})")
+    ptd_bytes = sum(p.stat().st_size for p in out.glob("*.ptd"))
     lines = [f"# {args.config} in the C++ CUDA runner",
              f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, python {platform.python_version()}, "
-             f"{export_note}, lowering {cfg.lowering}, {n} owners x {prompt} + {args.new} new tokens "
+             f"{export_note}, max_seq_len {c['max_seq_len']}, .ptd {ptd_bytes / 1e9:.2f} GB, lowering {cfg.lowering}, "
+             f"{n} owners x {prompt} + {args.new} new tokens "
              f"({MIX_TEXT[args.mix if sampling else 'greedy']}), block {c['block_size']}", "",
              "(a method's us, then in brackets its host us: until the call returned, before the GPU finished)", "",
              "| mode | CUDA graphs | draft_forward us | target_verify us | step us | target_prefill us | tokens/s | "
