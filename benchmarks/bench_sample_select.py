@@ -28,7 +28,7 @@ of the stages for a cut found by its first bracket, and the fraction of rows who
 held the cut (the others need another bracket pass: `simulate_sample_select.py` counts them).
 
     python benchmarks/bench_sample_select.py [--kinds flat power-law peaked] [--dtype bfloat16]
-        [--top-p 0.9] [--top-k 0] [--rate 64] [--list 4096] [--fill 0.5]
+        [--top-p 0.9] [--top-k 0] [--rate 64] [--list 4096] [--fill 0.8]
 """
 
 import argparse
@@ -222,7 +222,7 @@ def reference_cut(x: torch.Tensor, temperature: float, top_k: int, top_p: float)
 
 
 def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int, list_size: int,
-        block: int = 2048, fill: float = 0.5, guards: int = 4, run_length: int = 8) -> dict:
+        block: int = 2048, fill: float = 0.8, guards: int = 4, run_length: int = 8) -> dict:
     """Every stage on rows x; returns the stages' launches (for timing) and the outputs of the
     variant the simulation models (the sample stored by the first pass, no guards)."""
     rows, vocab = x.shape
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=0, help="a top-k cut instead of top-p")
     ap.add_argument("--rate", type=int, default=64)
     ap.add_argument("--list", type=int, default=4096)
-    ap.add_argument("--fill", type=float, default=0.5, help="the bracket's expected tokens, a fraction of the list")
+    ap.add_argument("--fill", type=float, default=0.8, help="the bracket's expected tokens, a fraction of the list")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()

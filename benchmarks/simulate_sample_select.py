@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--rate", type=int, default=64, help="one sample point per this many tokens")
     ap.add_argument("--list", type=int, default=4096, help="tokens the list holds")
-    ap.add_argument("--fill", type=float, default=0.5, help="the bracket's expected tokens, a fraction of the list")
+    ap.add_argument("--fill", type=float, default=0.8, help="the bracket's expected tokens, a fraction of the list")
     ap.add_argument("--guards", type=int, default=4, help="guard thresholds this many times further (0: none)")
     ap.add_argument("--splits", type=int, default=16, help="key ranges per fallback pass")
     ap.add_argument("--brackets", type=int, default=3, help="bracket passes per row before the key splits")

@@ -17,9 +17,10 @@ ExecuTorch 1.2.0's shim refuses a null pointer; the runner's patch
 `executorch-v1.2.0-zero-constants.patch` allocates the tensor on the device and zeroes it
 instead. So a program exported this way (`lowering.zero_constants: true`) loads only in a
 runtime with that patch; any other refuses it at load ("data is null"), it does not run
-with wrong values. It also needs a torch whose `load_constants` advances its blob index past
-a zero-size constant (torch 2.13's does; pytorch PR #172748); the compiled library comes from
-the torch that exports.
+with wrong values. It also needs a torch whose `load_constants` keeps its blob offsets in
+step past a zero-size constant (torch 2.13's does; pytorch PR #172748 fixed one case of it;
+torch 2.11's, which the H200 exports with, is not checked yet): the compiled library comes
+from the torch that exports.
 """
 
 import contextlib
@@ -59,9 +60,10 @@ class ZeroStandIn(torch.Tensor):
 
 
 def is_all_zero(t: torch.Tensor) -> bool:
-    """A dense tensor with elements, every one of them zero (+0 or -0: a zeroed buffer is +0)."""
+    """A dense tensor with elements at storage offset 0 (what the runner's patch allocates),
+    every one of them zero (a -0 comes back as +0: equal to it in every comparison)."""
     return (isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_mkldnn and t.numel() > 0
-            and not bool(t.any()))
+            and t.storage_offset() == 0 and not bool(t.any()))
 
 
 def stand_in(original):

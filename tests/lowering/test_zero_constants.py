@@ -31,15 +31,17 @@ class Cached(torch.nn.Module):
         return self.cache.sum(1)
 
 
-def _compile(tmp_path: Path, leave_out: bool) -> tuple[dict[str, int], bytes]:
-    """(data_size by constant, the weights blob) of the module's AOTInductor C++ package."""
+def _compile(tmp_path: Path) -> tuple[dict[str, int], bytes]:
+    """(data_size by constant, the weights blob) of the module's AOTInductor C++ package, with
+    the zeros left out. (Without the block the cache's data_size is its 1536 bytes and the blob
+    holds them; not compiled here: ~15 s more of CI on a cold cache.)"""
     m = Cached()
     args = (torch.randn(1, 8), torch.tensor([1]))
     ep = torch.export.export(m, args)
     options = {"aot_inductor.package": True, "aot_inductor.package_constants_in_so": False,
                "aot_inductor.package_constants_on_disk_format": "binary_blob",  # ExecuTorch 1.2's CUDA options
                "aot_inductor.package_cpp_only": True, "aot_inductor.output_path": str(tmp_path / "out")}
-    with zero_constants.zero_constants_left_out(leave_out), torch.no_grad():
+    with zero_constants.zero_constants_left_out(), torch.no_grad():
         paths = [Path(p) for p in torch._inductor.aot_compile(ep.module(), args, options=options)
                  if isinstance(p, str)]
     cpp = next(p for p in paths if p.name.endswith(".wrapper.cpp")).read_text()
@@ -50,14 +52,10 @@ def _compile(tmp_path: Path, leave_out: bool) -> tuple[dict[str, int], bytes]:
 
 
 def test_an_all_zero_constant_is_recorded_with_no_bytes_and_the_others_keep_theirs(tmp_path):
-    sizes, blob = _compile(tmp_path / "on", leave_out=True)
+    sizes, blob = _compile(tmp_path)
     assert sizes == {"w": 256, "cache": 0, "v": 256}
     m = Cached()
     assert blob == b"".join(t.detach().contiguous().view(torch.uint8).numpy().tobytes() for t in (m.w, m.v))
-    # without the block: the zeros are in the blob
-    sizes, blob = _compile(tmp_path / "off", leave_out=False)
-    assert sizes == {"w": 256, "cache": 3 * 16 * 8 * 4, "v": 256}
-    assert len(blob) == 256 + 3 * 16 * 8 * 4 + 256
 
 
 def test_the_stand_in_reads_as_no_bytes_where_torch_2_11_reads_a_constant():
@@ -73,7 +71,8 @@ def test_the_stand_in_reads_as_no_bytes_where_torch_2_11_reads_a_constant():
 
 @pytest.mark.parametrize("t, zero", [(torch.zeros(3), True), (-torch.zeros(3), True), (torch.zeros(0), False),
                                      (torch.tensor([0.0, 1e-45]), False), (torch.zeros(2, dtype=torch.int64), True),
-                                     (torch.tensor([0.0, float("nan")]), False)])
+                                     (torch.tensor([0.0, float("nan")]), False),
+                                     (torch.zeros(4)[1:], False)])  # (offset 1: the runner's patch allocates at 0)
 def test_which_tensors_are_all_zero(t, zero):
     assert zero_constants.is_all_zero(t) is zero
 
