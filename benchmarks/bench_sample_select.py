@@ -38,6 +38,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.testing import do_bench
 
 from dflash_et.export import cases
 from dflash_et.kernels.common import key_value, sanitize, scaled_weight, weight_scale
@@ -269,11 +270,13 @@ def run(x: torch.Tensor, temperature: float, top_k: int, top_p: float, rate: int
             "bracket": bracket, "out": out, "variants": spare}
 
 
+def copy_bandwidth() -> float:
+    from roofline import copy_bandwidth as measured  # (benchmarks/, beside this script)
+
+    return measured()
+
+
 def main(argv=None) -> int:
-    from triton.testing import do_bench
-
-    from roofline import copy_bandwidth  # (benchmarks/, beside this script)
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", nargs="+", default=["flat", "power-law", "peaked"], choices=list(cases.ROW_KINDS))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -285,17 +288,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=int, default=64)
     ap.add_argument("--list", type=int, default=4096)
     ap.add_argument("--fill", type=float, default=0.8, help="the bracket's expected tokens, a fraction of the list")
+    ap.add_argument("--device", default="cuda", help="cpu: under TRITON_INTERPRET=1 (the tests; times mean nothing)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     bw = copy_bandwidth()
     floor_ms = args.rows * args.vocab * dtype.itemsize / bw * 1e3
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"device {device}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}")
     print(f"{args.rows} x {args.vocab} {args.dtype} rows; T {args.temperature}, "
           + (f"top-k {args.top_k}" if args.top_k else f"top-p {args.top_p}")
           + f"; a sample point per {args.rate} logits, list {args.list}; copy {bw / 1e9:.0f} GB/s, "
           f"floor (one read) {floor_ms * 1e3:.1f} us")
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=args.device).manual_seed(0)
     for kind in args.kinds:
         x = cases.kind_logits(g, kind, args.rows, args.vocab, dtype)
         got = run(x, args.temperature, args.top_k, args.top_p, args.rate, args.list, fill=args.fill)

@@ -66,3 +66,16 @@ def test_a_bracket_that_misses_the_cut_says_so():
     x[:, ::RATE] = -30.0  # every sample point at the bottom: the estimate is far off
     got = bench.run(x, 1.0, 100, 1.0, RATE, LIST, block=256)
     assert not bool(got["held"].any()), got["held"]
+
+
+def test_the_benchmark_prints_its_tables(monkeypatch, capsys):
+    # (what a GPU run prints, its timings faked: a mistake here would cost a device call)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "do_bench", lambda fn, **kw: (fn(), 0.01)[1])
+    assert bench.main(["--device", "cpu", "--rows", "3", "--vocab", "1024", "--rate", "16", "--list", "128",
+                       "--kinds", "flat", "peaked"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("flat", "peaked"):
+        assert f"## {kind}: bracket held the cut in " in out
+    assert out.count("0 of those cuts differ from the sort's") == 2, out
+    assert out.count("| the four stages (a cut from its first bracket) | 40.0 |") == 2, out
