@@ -18,7 +18,7 @@ ExecuTorch 1.2.0's shim refuses a null pointer; the runner's patch
 instead. So a program exported this way (`lowering.zero_constants: true`) loads only in a
 runtime with that patch; any other refuses it at load ("data is null"), it does not run
 with wrong values. It also needs a torch whose `load_constants` keeps its blob offsets in
-step past a zero-size constant (torch 2.13's does; pytorch PR #172748 fixed one case of it;
+step past a zero-size constant (torch 2.13's does, since pytorch PR #172748 of January 2026;
 torch 2.11's, which the H200 exports with, is not checked yet): the compiled library comes
 from the torch that exports.
 """
