@@ -110,7 +110,7 @@ runtime)
   export DFLASH_EXPORT_JOBS="${DFLASH_EXPORT_JOBS:-3}"
   DFLASH_CUDA_RUNNER=$runner DFLASH_TIMING_OUT="$OUT/runtime-timing.yaml" DFLASH_LOG_DIR="$OUT" \
     timeout "${RUNTIME_TIMEOUT:-540}" python3 -m pytest -q -s -p no:cacheprovider tests/examples/test_cuda_runner_gpu.py "${@:2}" 2>&1 \
-    | tee "$OUT/runtime.log" | grep -E "^export|^float32|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
+    | tee "$OUT/runtime.log" | grep -E "^export|^float32|zero buffers|^bfloat16|^shared|^private|^CPU|drafts identical|: exit|passed|failed|Error|_(f32|bf16) "
   ;;
 runner-bench)
   build_runner
