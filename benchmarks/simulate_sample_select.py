@@ -39,6 +39,8 @@ bracket passes + key splits + step 7), key-split passes (max), the largest list,
 every cut against a sort (`simulate_cut_search.sorted_cuts`); it fails otherwise.
 
     python benchmarks/simulate_sample_select.py [--rows 4] [--vocab 151936] [--rate 64] [--list 4096]
+
+(benchmarks/HISTORY.md, session 47, has a run; `bench_sample_select.py` times its stages on a GPU.)
 """
 
 import argparse
