@@ -43,11 +43,17 @@ def keys(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(bits < 0, -(bits & 0x7FFF) - 1, bits)
 
 
+def spec_order(key: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """The finite tokens' indices in SPEC.md's order: key descending, index ascending."""
+    order = torch.argsort(-key.masked_fill(~finite, torch.iinfo(torch.int64).min // 2), stable=True)
+    return order[: int(finite.sum())]
+
+
 def sorted_cuts(x, key, temperature, top_k, top_p):
     """(cut_k, cut_p) keys by sorting (the check): rank order is key descending, index ascending."""
     finite = x > float("-inf")
-    order = torch.argsort(-key.masked_fill(~finite, torch.iinfo(torch.int64).min // 2), stable=True)
-    n = int(finite.sum())
+    order = spec_order(key, finite)
+    n = len(order)
     k = top_k if 0 < top_k < n else n
     ranked = key[order][:k]
     e = torch.exp((x[order][:k] - x.max()) / temperature).double()
@@ -155,6 +161,11 @@ def passes(got: list[dict]) -> tuple[float, int]:
 
 def mean_max(v: tuple[float, int]) -> str:
     return f"{v[0]:.1f} / {v[1]}"
+
+
+def largest(name: str):
+    """A cell's figure for `worst_rows`: the largest `name` of its rows' stats."""
+    return lambda got: max(s[name] for s in got)
 
 
 def value_of_key(key: int, dtype) -> float:

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 
 import torch
 
-from simulate_cut_search import checked_cells, keys, mean_max, passes, sorted_cuts, worst_rows  # (beside it)
+from simulate_cut_search import (checked_cells, keys, largest, mean_max, passes, sorted_cuts,  # (benchmarks/,
+                                 spec_order, worst_rows)  # beside this script)
 
 MIN_POINTS = 4  # fewer sample points than this in a region: split it by key instead
 ROUNDS_CAP = 100  # (a simulation that loops is a bug in it)
@@ -67,8 +68,7 @@ class Ordered:
     def of(x: torch.Tensor, dtype: torch.dtype, temperature: float, rate: int) -> "Ordered":
         finite = x > float("-inf")
         key = keys(x, dtype)
-        order = torch.argsort(-key.masked_fill(~finite, torch.iinfo(torch.int64).min // 2), stable=True)
-        order = order[: int(finite.sum())]
+        order = spec_order(key, finite)
         e = torch.exp((x[order] - x[finite].max()) / temperature).double()
         sample = ((order % rate) == 0).nonzero().flatten()
         return Ordered(key[order], e, sample)
@@ -86,6 +86,11 @@ def kept_until(o: Ordered, by_mass: bool, goal: float, end: int) -> torch.Tensor
         kept = torch.arange(end + 1) < goal
     kept[end] = False
     return kept
+
+
+def cut_in(kept: torch.Tensor, a: int, b: int) -> int:
+    """The cut's rank from a list of the ranks [a, b) that holds it (their `kept` known exactly)."""
+    return a + int(kept[a:b].sum()) - 1
 
 
 def _estimate(o: Ordered, by_mass: bool, goal: float, lo: int, hi: int, above_lo: float, points: torch.Tensor):
@@ -108,14 +113,12 @@ def find_cut(o: Ordered, by_mass: bool, goal: float, end: int, args, stats: dict
     design finds it, counting its passes in `stats`. Every decision reads only what a pass
     knows exactly: `kept` at a threshold, and at every rank of a stored list."""
     kept = kept_until(o, by_mass, goal, end)
-    in_list = lambda a, b: a + int(kept[a:b].sum()) - 1  # noqa: E731  (the cut, from a list of ranks [a, b))
     lo, hi = 0, end  # the region known to hold the cut: ranks [lo, hi), kept[lo] and not kept[hi]
-    measure = o.e if by_mass else torch.ones_like(o.e)
     for _ in range(ROUNDS_CAP):
         stats["passes"] += 1
         if hi - lo <= args.list:  # the whole region fits: this pass stores it
             stats["list"] = max(stats["list"], hi - lo)
-            return in_list(lo, hi), lo
+            return cut_in(kept, lo, hi), lo
         points = o.sample[(o.sample >= lo) & (o.sample < hi)]
         if len(points) < MIN_POINTS or stats["brackets"] >= args.brackets:  # the fallback: equal ranges of keys
             stats["splits"] += 1
@@ -127,17 +130,17 @@ def find_cut(o: Ordered, by_mass: bool, goal: float, end: int, args, stats: dict
             i = max(i for i in range(len(bounds) - 1) if kept[bounds[i]])
             lo, hi = bounds[i], bounds[i + 1]
             if int(o.key[lo]) == int(o.key[hi - 1]):
-                return in_list(lo, hi), lo  # one key: its ties share one weight, the cut is arithmetic
+                return cut_in(kept, lo, hi), lo  # one key: its ties share one weight, the cut is arithmetic
             continue
         stats["brackets"] += 1
-        above_lo = float(measure[:lo].sum())  # exact: a pass summed it above its threshold
+        above_lo = float(o.e[:lo].sum()) if by_mass else float(lo)  # exact: a pass summed it above its threshold
         j = _estimate(o, by_mass, goal, lo, hi, above_lo, points)
         m = max(1, int(args.fill * args.list * len(points) / (2 * (hi - lo))))
         at = lambda i, edge: int(points[i]) if 0 <= i < len(points) else edge  # noqa: E731
         first, last = at(j - m, lo), at(j + m, hi)  # the bracket: this pass stores ranks [first, last)
         if kept[first] and not kept[last] and last - first <= args.list:
             stats["list"] = max(stats["list"], last - first)
-            return in_list(first, last), first
+            return cut_in(kept, first, last), first
         thresholds = {lo, hi, first, last}
         if args.guards:
             thresholds |= {at(j - args.guards * m, lo), at(j + args.guards * m, hi)}
@@ -160,7 +163,7 @@ def simulate(x: torch.Tensor, dtype, temperature: float, top_k: int, top_p: floa
         goal = top_p * float(o.e[:end].sum())  # S_k: exact once the top-k cut is (the mass above its list + the list's)
         kept = kept_until(o, True, goal, end)
         if listed_from is not None and kept[listed_from]:
-            cut_p = listed_from + int(kept[listed_from:end].sum()) - 1  # inside top-k's list: no pass
+            cut_p = cut_in(kept, listed_from, end)  # inside top-k's list: no pass
         else:
             cut_p, _ = find_cut(o, True, goal, end if listed_from is None else max(listed_from, 1), args, stats)
     if cut_k is not None or cut_p is not None:
@@ -185,9 +188,8 @@ def main(argv=None) -> int:
           f"fill {args.fill}, guards x{args.guards}; passes after the first: mean / max; key splits: max")
     cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
                           lambda x, *rule: simulate(x, *rule, args))
-    return worst_rows(cells, {"passes": (passes, mean_max),
-                              "key splits": (lambda got: max(s["splits"] for s in got), str),
-                              "list": (lambda got: max(s["list"] for s in got), str)})
+    return worst_rows(cells, {"passes": (passes, mean_max), "key splits": (largest("splits"), str),
+                              "list": (largest("list"), str)})
 
 
 if __name__ == "__main__":

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from simulate_cut_search import (checked_cells, keys, mean_max, passes, value_of_key,  # (benchmarks/, beside
-                                 worst_rows)  # this script)
+from simulate_cut_search import (checked_cells, keys, largest, mean_max, passes,  # (benchmarks/, beside
+                                 value_of_key, worst_rows)  # this script)
 
 HIST_OPS, LIST_OPS, SEARCH_OPS = 28, 20, 16  # ALU operations per logit of each pass (the docstring)
 OCTAVE = 1 << 23  # the codes of one octave of weights (a float32 exponent step)
@@ -237,8 +237,8 @@ def main(argv=None) -> int:
           "after the first: mean / max; the largest list; ALU ops per logit over them: max")
     cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
                           lambda x, *rule: simulate(x, *rule, args.bins, args.list))
-    return worst_rows(cells, {"passes": (passes, mean_max), "list": (lambda got: max(s["list"] for s in got), str),
-                              "ALU / logit": (lambda got: max(s["alu"] for s in got), "{:.0f}".format)})
+    return worst_rows(cells, {"passes": (passes, mean_max), "list": (largest("list"), str),
+                              "ALU / logit": (largest("alu"), "{:.0f}".format)})
 
 
 if __name__ == "__main__":
