@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from dflash_et.export import cases
+from dflash_et.export import cases, sampling
 from dflash_et.kernels.common import key_value, sanitize, scaled_weight, weight_scale
 from dflash_et.kernels.sampling_rule import pack  # (key, index) in one int64: descending is SPEC.md's order
 
@@ -202,13 +202,19 @@ def list_kernel(list_ptr, stats_ptr, bracket_ptr, bracket_out_ptr, temperature, 
     tl.store(cut_ptr + row * 2 + 1, held.to(tl.int64))
 
 
-def reference_cut(x: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """SPEC.md's cut of each row (one of top-k or top-p), packed as the kernels pack it."""
-    xs = x.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf")) + 0.0
+def packed_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(SPEC.md's sanitized rows, each token packed as the kernels pack it: the smallest int64 for
+    a non-finite one). + 0.0 merges -0.0 into 0.0 (one key, as the kernels' `sanitize`)."""
+    xs = sampling.sanitize(x) + 0.0
     bits = xs.view(torch.int32)
     key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)
     index = torch.arange(x.shape[-1], dtype=torch.int64, device=x.device)
-    packed = torch.where(xs > float("-inf"), (key << 32) | (0xFFFFFFFF - index), torch.iinfo(torch.int64).min)
+    return xs, torch.where(xs > float("-inf"), (key << 32) | (0xFFFFFFFF - index), torch.iinfo(torch.int64).min)
+
+
+def reference_cut(x: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """SPEC.md's cut of each row (one of top-k or top-p), packed as the kernels pack it."""
+    xs, packed = packed_tokens(x)
     order = torch.sort(packed, dim=-1, descending=True).values
     if top_k:
         return order[:, top_k - 1]
