@@ -107,17 +107,27 @@ class Row:
         return keys(values.float().to(self.dtype).float(), self.dtype)
 
 
-def checked_cells(rows: int, vocab: int, dtypes, simulate):
+def cells_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line every design simulation shares (`checked_cells` reads it); each adds its own knobs."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4, help="rows per (kind, mode, dtype)")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--list", type=int, default=4096, help="tokens the list holds")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    return ap
+
+
+def checked_cells(args, simulate):
     """The simulations' common loop: for each dtype, row kind and mode with a cut, (dtype, kind,
     mode, the stats of each row), from `simulate(x, dtype, temperature, top_k, top_p) ->
-    (cut_k or None, cut_p or None, stats)` on `rows` sanitized rows, every cut checked against
-    a sort (`sorted_cuts`; AssertionError otherwise)."""
+    (cut_k or None, cut_p or None, stats)` on `args.rows` sanitized rows (`cells_parser`'s
+    arguments), every cut checked against a sort (`sorted_cuts`; AssertionError otherwise)."""
     g = torch.Generator().manual_seed(0)
-    modes = {name: m for name, m in cases.kind_modes(vocab).items() if m[1] != 0 or m[2] < 1.0}
-    for dtype in dtypes:
+    modes = {name: m for name, m in cases.kind_modes(args.vocab).items() if m[1] != 0 or m[2] < 1.0}
+    for dtype in (getattr(torch, d) for d in args.dtypes):
         for kind in cases.ROW_KINDS:
             # SPEC.md's sanitizing; + 0.0 merges -0.0 into 0.0 (one value, so one key: a kernel must too)
-            x_all = sampling.sanitize(cases.kind_logits(g, kind, rows, vocab, dtype)) + 0.0
+            x_all = sampling.sanitize(cases.kind_logits(g, kind, args.rows, args.vocab, dtype)) + 0.0
             for mode, (temperature, top_k, top_p) in modes.items():
                 got = []
                 for x in x_all:

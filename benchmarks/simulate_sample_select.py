@@ -43,15 +43,14 @@ every cut against a sort (`simulate_cut_search.sorted_cuts`); it fails otherwise
 (benchmarks/HISTORY.md, session 47, has a run; `bench_sample_select.py` times its stages on a GPU.)
 """
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from simulate_cut_search import (checked_cells, keys, largest, mean_max, passes, sorted_cuts,  # (benchmarks/,
-                                 spec_order, worst_rows)  # beside this script)
+from simulate_cut_search import (cells_parser, checked_cells, keys, largest, mean_max, passes,  # (benchmarks/,
+                                 sorted_cuts, spec_order, worst_rows)  # beside this script)
 
 MIN_POINTS = 4  # fewer sample points than this in a region: split it by key instead
 ROUNDS_CAP = 100  # (a simulation that loops is a bug in it)
@@ -173,21 +172,16 @@ def simulate(x: torch.Tensor, dtype, temperature: float, top_k: int, top_p: floa
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=4, help="rows per (kind, mode, dtype)")
-    ap.add_argument("--vocab", type=int, default=151936)
+    ap = cells_parser(__doc__)
     ap.add_argument("--rate", type=int, default=64, help="one sample point per this many tokens")
-    ap.add_argument("--list", type=int, default=4096, help="tokens the list holds")
     ap.add_argument("--fill", type=float, default=0.8, help="the bracket's expected tokens, a fraction of the list")
     ap.add_argument("--guards", type=int, default=4, help="guard thresholds this many times further (0: none)")
     ap.add_argument("--splits", type=int, default=16, help="key ranges per fallback pass")
     ap.add_argument("--brackets", type=int, default=3, help="bracket passes per row before the key splits")
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     args = ap.parse_args(argv)
     print(f"V = {args.vocab}, {args.rows} rows per cell, a sample point per {args.rate} tokens, list {args.list}, "
           f"fill {args.fill}, guards x{args.guards}; passes after the first: mean / max; key splits: max")
-    cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
-                          lambda x, *rule: simulate(x, *rule, args))
+    cells = checked_cells(args, lambda x, *rule: simulate(x, *rule, args))
     return worst_rows(cells, {"passes": (passes, mean_max), "key splits": (largest("splits"), str),
                               "list": (largest("list"), str)})
 

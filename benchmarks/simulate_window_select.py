@@ -44,15 +44,14 @@ checks every cut against a sort (`simulate_cut_search.sorted_cuts`); it fails ot
 (benchmarks/HISTORY.md, session 46, has a run and what it says of the design.)
 """
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from simulate_cut_search import (checked_cells, keys, largest, mean_max, passes,  # (benchmarks/, beside
-                                 value_of_key, worst_rows)  # this script)
+from simulate_cut_search import (cells_parser, checked_cells, keys, largest, mean_max,  # (benchmarks/, beside
+                                 passes, value_of_key, worst_rows)  # this script)
 
 HIST_OPS, LIST_OPS, SEARCH_OPS = 28, 20, 16  # ALU operations per logit of each pass (the docstring)
 OCTAVE = 1 << 23  # the codes of one octave of weights (a float32 exponent step)
@@ -226,17 +225,12 @@ def simulate(x: torch.Tensor, dtype, temperature, top_k, top_p, nb: int, list_si
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=4, help="rows per (kind, mode, dtype)")
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--list", type=int, default=4096, help="tokens the list holds")
+    ap = cells_parser(__doc__)
     ap.add_argument("--bins", type=int, default=30, help="window bins per histogram pass")
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     args = ap.parse_args(argv)
     print(f"V = {args.vocab}, {args.rows} rows per cell, {args.bins} bins a pass, list {args.list}; passes "
           "after the first: mean / max; the largest list; ALU ops per logit over them: max")
-    cells = checked_cells(args.rows, args.vocab, [getattr(torch, d) for d in args.dtypes],
-                          lambda x, *rule: simulate(x, *rule, args.bins, args.list))
+    cells = checked_cells(args, lambda x, *rule: simulate(x, *rule, args.bins, args.list))
     return worst_rows(cells, {"passes": (passes, mean_max), "list": (largest("list"), str),
                               "ALU / logit": (largest("alu"), "{:.0f}".format)})
 
