@@ -50,6 +50,13 @@ def test_a_held_cut_is_the_sorts(kind, top_k, top_p):
     assert bool((edge | (packed.gather(-1, index.clamp(0, V - 1)) == ends)).all())
 
 
+def test_a_bracket_that_misses_the_cut_says_so():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, V, generator=g)
+    x[:, ::RATE] = -30.0  # every sample point at the bottom: the estimate is far off
+    got = bench.run(x, 1.0, 100, 1.0, RATE, LIST, block=256)
+    assert not bool(got["held"].any()), got["held"]
+
 
 def test_the_benchmark_prints_its_tables(monkeypatch, capsys):
     # (what a GPU run prints, its timings faked: a mistake here would cost a device call)
