@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             cfg = marked if filtered else decide
             ok &= compile_one(
                 f"verify_rows {logits} greedy={greedy} filtered={filtered}", verify.verify_rows_kernel, logits,
-                dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work,
+                dict(GREEDY=greedy, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=work,
                      STAGES=cfg.stages, BLOCK_O=verify.BLOCK_O), cfg.warps, greedy)
         _, verify_splits = prefix_chunks(args.vocab, decide.block)
         for greedy in (False, True):
@@ -172,16 +172,14 @@ def main(argv=None) -> int:
                           dict(BLOCK=decide.block, STAGES=decide.stages), decide.warps)
         ok &= compile_one(
             f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
-            dict(BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=work, STAGES=heavy.stages),
-            heavy.warps)
+            dict(BLOCK=heavy.block, BUF=heavy.buf, WORK=work), heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
                           light.warps)
         for cfg, filtered in ((light, False), (heavy, True)):
             ok &= compile_one(
                 f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
-                dict(FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=work,
-                     STAGES=cfg.stages, SPLITS=splits), cfg.warps)
+                dict(FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=work, SPLITS=splits), cfg.warps)
         # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head)
         for heads in (16, 32):
             meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,

@@ -6,8 +6,8 @@ what `filtered.threshold` and `bound_and_collect` would do with the lane maxima 
 of a pass at the given step: the first bound (the lanes' whole masses reach the target),
 whether its candidates' mass falls short (a second collect at the lower bound), and how
 many candidates the row ends with. Those counts pick the row's path: <= 256 the small
-decision, <= BUF (2048) the register sorts, <= 2 * BUF the list searches of `nucleus.py`,
-more the general path (one program, many passes: ~600 us on the H200).
+decision, <= 2 * BUF (4096) the sample select's first round, on the list (`cut_select.py`), more
+(or a bound that takes most lanes) the select's passes over the row.
 
     python benchmarks/simulate_top_p_bounds.py [--rows 1024] [--step-bytes 4096 8192] [--top-p 0.9]
 

@@ -3,9 +3,9 @@
 Importing this package registers the ops (it needs triton). One module per head:
 `sample_rows`, `verify` (dflash_verify), `verify_argmax`; shared pieces in
 `common` (Philox uniform, keys, owner layout), `sampling_rule` (the per-row rule),
-`filtered` (top-k / top-p rows: lane-max bound, candidates, decision), `nucleus` (long
-top-p lists, wide nuclei), `dense_collect` (whole-row collects), `split_walk` (those
-collects shared out over the programs of dflash_verify's decision launch), `scratch` (each
+`filtered` (top-k / top-p rows: lane-max bound, candidates, the small decision),
+`cut_select` (the rows their candidates do not settle: the sample select, a bounded number of
+passes over the row), `scratch` (each
 row's scratch record: its layout, marks and accessors, and the host's view of it) and `launch`
 (block sizes, input checks). Beside the heads: `cached_attention`, attention over each
 row's own cells of a KV cache (issue #26; swapped in by `lowering.fused_attention`),

@@ -29,44 +29,29 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   (simulated, 2048 rows: `benchmarks/simulate_top_p_bounds.py`).
 
 A second pass appends every finite token with key >= theta to the row's candidate
-buffer, at slots taken with an atomic counter: no block-wide reduction or barrier per
+list, at slots taken with an atomic counter: no block-wide reduction or barrier per
 step, and the order of the slots does not matter (the candidates are sorted afterwards).
 It reads and computes only on the lanes whose maximum reaches theta: their (lane, step)
 pairs, compacted (`collect`). Where half the lanes or more reach it (a top-p row collected
 again at its lowest lane maximum), that would walk the whole row 16 bytes per thread at a
 time in one program, which the whole FILTERED launch of `dflash_verify` would wait for:
-`collect` leaves such a row (count WALK_ROW, its bound in the stats) to `filtered_token` in
-the decision's launch, whose registers hold the wider walk of `dense_collect.walk_collect`.
+`collect` leaves such a row without a list (count -1).
 
-`filtered_token` sorts the candidates in registers and decides there
-(`sampling_rule.decide_filtered`): up to 256 of them in the launch that collected them;
-a top-k row's up to BUF in a further launch, one program per row left undecided.
-A top-p-alone row with more than 256 candidates (up to 2 * BUF) is decided from them by
-searches over the list (`nucleus.py`: faster than the sort of BUF entries);
-a top-p row whose candidates fall short of the
-target or overflow the list first gets a list of its own (`nucleus.wide_list`: two passes),
-without the sorts that could not decide it; for a row whose walk `split_walk`
-shared out, its chunks did both passes, and the stats say what the bins gave (BINS_*).
-Rows with no bound (top-k > lanes), more candidates than that (ties, flat top-p rows) or a
-top-p prefix still short of the target take the general path: `sampling_rule.scan_row`
-(streaming filter with buffer shrinks, and the finite count), then the same decision,
-then `sampling_rule.slow_token` (key searches over the row) where the candidates do not
-settle it. A top-p row whose counting-pass bins (`wide_list`) show that its CAP best tokens
-cannot reach the target skips `scan_row` and the sorts, and the bins bracket the key
-searches (`nucleus._cut_bracket`).
+`filtered_token` is one dispatch: the small decision (`sampling_rule.decide_filtered`, up to
+SMALL candidates sorted in registers, in the launch that collected them) where it settles the
+row, else the sample select (`cut_select.select_token`: the candidates, if the list holds
+them, are its first round), a bounded number of passes whatever the row holds.
 """
 
 import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .dense_collect import walk_collect
-from .nucleus import nucleus_token, wide_list
-from .sampling_rule import (INT64_MIN, KEY_OFFSET, KEY_TOP, LANE_BITS, decide_filtered, filters, key_weight,
-                            lanes_and_stats, pack_key, scan_row, slow_token)
-from .scratch import (BINS_LIST, HOT_WORDS, NO_BINS, S_ARG, S_BINS, S_COUNT, S_FINITE, S_MASS, S_WALK_BOUND,
-                      S_WIDE_HI, S_WIDE_LO, S_WIDE_SHORT, S_X_MAX, UNDECIDED, WALK_ROW, hot_of, keys_of, load_f32,
-                      load_f64, store_stats)
+from .cut_select import listed_entries, select_token
+from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
+                            lanes_and_stats, pack)
+from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
+                      load_f32, load_f64, store_stats)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
@@ -121,19 +106,9 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
 
 
 @triton.jit
-def listed(buf_ptr, count, BUF: tl.constexpr, N: tl.constexpr):
-    """The first N entries of the candidate list, packed (`sampling_rule.pack`; INT64_MIN past count)."""
-    i = tl.arange(0, N)
-    tl.debug_barrier()  # (after a collect by this program: written by other threads)
-    key = tl.load(keys_of(buf_ptr) + i, mask=i < count, other=0)
-    index = tl.load(keys_of(buf_ptr) + 2 * BUF + i, mask=i < count, other=0)
-    return tl.where(i < count, pack_key(key, index), INT64_MIN)
-
-
-@triton.jit
 def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
     """Append every finite token with unsigned key >= theta to the candidate list at buf_ptr
-    (its key and its index, 2 * BUF entries at most); returns their number (more than
+    (packed: `sampling_rule.pack`, 2 * BUF entries at most); returns their number (more than
     2 * BUF: only that many stored). Only the lanes whose maximum reaches theta
     (`lane_stats`' layout: lane l of step s holds the VEC logits from s * BLOCK + l * VEC)
     can hold one: the work is their (lane, step) pairs, compacted, COLLECT_PAIRS pairs of VEC
@@ -142,7 +117,8 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     are latency-bound (a load, then an atomic per candidate), so the pairs per iteration
     set the time of a top-p row collected at a low bound, which walks its whole row this
     way (software pipelining of the loop ran slower; 2 pairs per thread took 252 registers on
-    sm_90)."""
+    sm_90). A row where half the lanes or more reach theta gets no list (-1): the walk of its
+    pairs would take as many iterations as one of the whole row (`cut_select` decides it)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -156,7 +132,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
     PAIRS: tl.constexpr = LANES if LANES < COLLECT_PAIRS else COLLECT_PAIRS  # (lane, step) pairs per iteration
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
-    whole = 2 * n_hot >= LANES  # most lanes: as many iterations as a walk of the whole row (left to `walk_collect`)
+    whole = 2 * n_hot >= LANES  # most lanes: as many iterations as a walk of the whole row
     pairs = tl.where(whole, 0, n_hot * tl.cdiv(vocab, BLOCK))
     per_step = tl.maximum(n_hot, 1)
     for base in range(0, pairs, PAIRS):
@@ -167,11 +143,10 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
         x = sanitize(tl.load(row_ptr + offs, mask=live[:, None] & (offs < vocab), other=float("-inf")))
         take = (x > float("-inf")) & (ordered_key(x) >= bound)
         slot = tl.atomic_add(counter, 1, mask=take, sem="relaxed")
-        tl.store(keys_of(buf_ptr) + slot, ordered_key(x), mask=take & (slot < 2 * BUF))
-        tl.store(keys_of(buf_ptr) + 2 * BUF + slot, offs, mask=take & (slot < 2 * BUF))
+        tl.store(buf_ptr + slot, pack(x, offs), mask=take & (slot < 2 * BUF))
     tl.debug_barrier()  # every append is done
     count = tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
-    return tl.where(whole, WALK_ROW, count)
+    return tl.where(whole, -1, count)
 
 
 @triton.jit
@@ -180,8 +155,9 @@ def _candidate_mass(buf_ptr, count, x_max, temperature):
     total = tl.zeros((), dtype=tl.float64)
     for base in range(0, count, SMALL):
         i = base + tl.arange(0, SMALL)
-        key = tl.load(keys_of(buf_ptr) + i, mask=i < count, other=0)
-        total += tl.sum(tl.where(i < count, weight(key_value(key), x_max, temperature), 0.0).to(tl.float64), 0)
+        packed = tl.load(buf_ptr + i, mask=i < count, other=0)
+        total += tl.sum(tl.where(i < count, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature),
+                                 0.0).to(tl.float64), 0)
     return total
 
 
@@ -262,7 +238,7 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
-        tl.store(stats_ptr + S_WALK_BOUND, theta)  # the bound of the walk, where `collect` left it (count WALK_ROW)
+        tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`
         retry = (second < theta) & (count >= 0) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:
             retry = _candidate_mass(buf_ptr, count, x_max, temperature) < top_p.to(tl.float64) * mass
@@ -271,89 +247,33 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
 
 
 @triton.jit
-def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr,
-                   BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr,
-                   SMALL_ONLY: tl.constexpr = False):
-    """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results.
-    SMALL_ONLY: only what the small decision (<= SMALL candidates, a few registers per
-    thread) settles, else UNDECIDED: the launch that collected the candidates decides those rows
-    right after (no further launch reloads them for it)."""
+def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
+                   BUF: tl.constexpr, SMALL_DECISION: tl.constexpr, SELECT: tl.constexpr):
+    """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results:
+    SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread); SELECT,
+    `cut_select` for a row that decision does not settle. Without SELECT a row the small
+    decision does not settle is UNDECIDED (`dflash_verify` decides those in a launch of its
+    own, whose registers hold the select)."""
     use_k, use_p = filters(top_k, top_p, vocab)
-    tl.debug_barrier()  # (SMALL_ONLY: the stats were stored by other threads of this program)
+    tl.debug_barrier()  # (the stats were stored by other threads of this program)
     count = tl.load(stats_ptr + S_COUNT)
     x_max = load_f32(stats_ptr + S_X_MAX)
-    arg = tl.load(stats_ptr + S_ARG)
     finite = tl.load(stats_ptr + S_FINITE)
     mass = load_f64(stats_ptr + S_MASS)
-    if not SMALL_ONLY:
-        if count == WALK_ROW:  # `bound_and_collect` left this row's collect (most lanes) to this launch
-            count = walk_collect(row_ptr, 0, vocab, tl.load(stats_ptr + S_WALK_BOUND), keys_of(buf_ptr),
-                                 keys_of(buf_ptr) + 2 * BUF, 2 * BUF)
-    k = tl.where(use_k, top_k, vocab).to(tl.int64)
-    want = tl.minimum(k, CAP)
     token = tl.zeros((), dtype=tl.int64) - 1
     if finite > 0:  # (lanes holding a finite logit: not the count of finite logits)
         token = tl.zeros((), dtype=tl.int64) + UNDECIDED
-        # From the candidates, the finite count stands in as V: with top-k and a bound, k lanes
-        # hold a finite logit, so the top-k set has exactly k tokens; for top-p alone it only
-        # makes the candidates count as the whole row when they are all V tokens.
-        # The candidates are every token at or above the bound, a prefix of the order: the
-        # decision takes all of them (k, not want: with CAP, a top-p row whose nucleus held more
-        # than CAP of its <= BUF candidates took the general path and its key searches over the
-        # row, the slowest path, in one program).
-        small = (count >= 0) & (count <= SMALL) & (count <= BUF)  # (BUF < SMALL only with test overrides)
-        lo_p = tl.zeros((), dtype=tl.int64) - 1  # unsigned keys known to hold the top-p cut (none yet)
-        hi_p = tl.zeros((), dtype=tl.int64) + KEY_TOP
-        if small:
-            token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
-                                    listed(buf_ptr, count, BUF, SMALL))
-        if not SMALL_ONLY:
-            # top-p alone: a list that reaches the target is decided by searches over it
-            # (`nucleus_token`), not sorted: the sort of BUF entries costs the same whatever the
-            # count, the searches less. A list that falls short cannot decide the row: a list of its own.
-            top_p_alone = use_p & ~use_k
-            target = top_p.to(tl.float64) * mass
-            reach = ~small & (count >= 0) & (count <= 2 * BUF)
-            if top_p_alone & reach:
-                reach = _candidate_mass(buf_ptr, count, x_max, temperature) >= target
-            # A top-k row whose list fits the buffer is decided from the list when the list holds
-            # the whole top-k set (`decide_filtered` with V standing in for the finite count and
-            # want = k: min(k, V) <= min(count, k)); otherwise from a pass over the row below.
-            from_list = ~small & (count >= 0) & (count <= BUF) & ~top_p_alone & (count >= tl.minimum(k, vocab))
-            wide = tl.zeros((), dtype=tl.int1)  # the bins show the CAP best tokens short of the target
-            if (token == UNDECIDED) & top_p_alone:  # a long top-p list (a wide LLM nucleus), or one of its own
-                n = count
-                if not reach:  # short of the target, or more than the list holds: `wide_list`
-                    bins = tl.load(stats_ptr + S_BINS)
-                    if bins == NO_BINS:
-                        n, lo_p, hi_p, wide = wide_list(row_ptr, vocab, x_max, temperature, mass, target,
-                                                        keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, 2 * BUF, CAP)
-                    else:  # a split walk's bins (`split_walk`): the list, if any, is `wide_list`'s
-                        n = tl.where((bins == BINS_LIST) & (count >= 0) & (count <= 2 * BUF), count, -1)
-                        lo_p = tl.load(stats_ptr + S_WIDE_LO)
-                        hi_p = tl.load(stats_ptr + S_WIDE_HI)
-                        wide = tl.load(stats_ptr + S_WIDE_SHORT) != 0
-                if n > 0:
-                    token = nucleus_token(keys_of(buf_ptr), keys_of(buf_ptr) + 2 * BUF, n, x_max, temperature,
-                                          top_p, mass, u, arg, vocab, 2 * BUF)
-            # No bound, too many candidates, a list short of the top-k set, or a top-p prefix short of
-            # the target: the CAP best tokens (a flat top-p row, which they cannot decide, skips this
-            # pass and the sorts).
-            rescan = (token == UNDECIDED) & ~wide & ~from_list
-            if from_list | rescan:  # one call site: the decision's sorts of BUF entries compiled once
-                if rescan:
-                    count, n_finite = scan_row(row_ptr, vocab, want, buf_ptr, BLOCK, BUF, STAGES)
-                    slots = tl.arange(0, BUF)
-                    tl.debug_barrier()  # the buffer was written by other threads
-                    packed = tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN)
-                    n_want = want
-                else:
-                    packed = listed(buf_ptr, count, BUF, BUF)
-                    n_finite = vocab + tl.zeros((), dtype=tl.int64)
-                    n_want = k
-                token = decide_filtered(temperature, top_p, u, x_max, n_finite, mass, k, n_want, count, use_k, use_p,
-                                        packed)
-            if token == UNDECIDED:  # the key searches over the row
-                token = slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass, k, use_k, use_p, lo_p, hi_p,
-                                   BLOCK)
+        if SMALL_DECISION:
+            # The candidates are every token at or above the bound, a prefix of the order: with
+            # top-k and a bound, k lanes hold a finite logit, so the top-k set has exactly k tokens
+            # (V stands in for the finite count); for top-p alone V only makes the candidates count
+            # as the whole row when they are all V tokens.
+            if (count >= 0) & (count <= SMALL) & (count <= 2 * BUF):  # (BUF < SMALL with test overrides)
+                k = tl.where(use_k, top_k, vocab).to(tl.int64)
+                token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
+                                        listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))
+        if SELECT:
+            if token == UNDECIDED:
+                token = select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, count,
+                                     tl.load(stats_ptr + S_BOUND), buf_ptr, stats_ptr, BLOCK, BUF)
     return token

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..export.heads import HEADS
-from .scratch import PREFIX_SPLITS
+from .scratch import PREFIX_SPLITS, Scratch, scratch_width
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
@@ -146,3 +146,22 @@ def check_length(op: str, name: str, t: torch.Tensor, size, dim_name: str) -> No
         t.shape[0] == size,
         lambda: f"dflash::{op}: {name} must have {dim_name} = {size} entries, got {t.shape[0]}",
     )
+
+
+def scratch_for(logits: torch.Tensor, cap: int | None = None, block: int | None = None) -> Scratch:
+    """A fresh scratch for `verify.launch` or `sample_rows.launch` on `logits` with these `cap` /
+    `block`, to look inside afterwards (`kernels/scratch.py`: each row's stats, its passes)."""
+    _, heavy = launch_config(logits.shape[1], cap, block, logits.element_size())
+    return Scratch.of(logits.shape[0], heavy.buf, logits.device)
+
+
+def checked_scratch(scratch: Scratch | None, logits: torch.Tensor, buf: int) -> Scratch:
+    """`scratch` if it fits a launch on `logits` whose candidate buffer is `buf`, else a
+    ValueError that names the fix; a fresh one for None."""
+    rows, width = logits.shape[0], scratch_width(buf)
+    if scratch is None:
+        return Scratch.of(rows, buf, logits.device)
+    if scratch.buf != buf or tuple(scratch.work.shape) != (rows, width):
+        raise ValueError(f"scratch of {tuple(scratch.work.shape)} words, BUF {scratch.buf}: this launch needs "
+                         f"({rows}, {width}), BUF {buf}; make it with launch.scratch_for(logits, cap, block)")
+    return scratch

@@ -11,7 +11,8 @@ Algorithm, three launches (no host synchronisation):
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
 3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row: the
-   token from its candidates, sorted in registers (`filtered.filtered_token`).
+   token from its candidates, sorted in registers, or by the sample select
+   (`filtered.filtered_token`, `cut_select.py`).
 
 Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.
@@ -25,8 +26,8 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .launch import check_inputs, check_length, launch_config, split_rows
-from .scratch import scratch_width, stats_of
+from .launch import check_inputs, check_length, checked_scratch, launch_config, split_rows
+from .scratch import Scratch, scratch_width, stats_of
 from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
 
@@ -50,8 +51,7 @@ def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part
 @triton.jit
 def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                        seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, FILTERED: tl.constexpr,
-                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
-                       STAGES: tl.constexpr, SPLITS: tl.constexpr):
+                       BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
@@ -63,7 +63,7 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
         if not light:
             work = work_ptr + row * WORK
             token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
-                                   BLOCK, CAP, BUF, STAGES)
+                                   BLOCK, BUF, True, True)
             tl.store(out_ptr + row, token)
     elif light:
         token = light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr + row * SPLITS * 4, chunk,
@@ -72,13 +72,15 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
 
 
 def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = None,
-           block: int | None = None):
+           block: int | None = None, scratch: Scratch | None = None):
+    """`scratch`: one of `launch.scratch_for` with the same logits, cap and block, kept by the
+    caller to look inside afterwards (by default a fresh one)."""
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     light, heavy = launch_config(vocab, cap, block, logits.element_size())
     chunk, splits = split_rows(vocab, light.block)
     width = scratch_width(heavy.buf)
-    work = torch.empty(n, width, dtype=torch.int64, device=logits.device)
+    work = checked_scratch(scratch, logits, heavy.buf).work
     parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
     if n > 0:
         wrap_triton(chunk_kernel)[(n, splits)](
@@ -87,8 +89,8 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
         for cfg, filtered in ((light, False), (heavy, True)):
             wrap_triton(sample_rows_kernel)[(n,)](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, parts, vocab,
-                chunk, FILTERED=filtered, BLOCK=cfg.block, CAP=cfg.cap, BUF=heavy.buf, WORK=width,
-                STAGES=cfg.stages, SPLITS=splits, num_warps=cfg.warps)
+                chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
+                num_warps=cfg.warps)
     return out
 
 

@@ -15,42 +15,24 @@ exit) runs only where a token is needed.
 
 top-k / top-p rows never sort the row: `filtered.py` bounds their kept set from the
 same pass's lane maxima and collects the few candidates above the bound; their
-decision runs on those candidates in registers (`decide_filtered`). The general
-path here serves rows that bound does not settle: `scan_row`, a streaming threshold
-filter keeping every token that can still be among the row's `want` best (want =
-min(top_k, CAP)) in a per-row scratch buffer of BUF packed (key, index) entries;
-when it fills, it is sorted in registers, cut back to the `want` best, and the
-threshold rises to the want-th key (later ties rank below it: higher index). After
-the pass the buffer, sorted in SPEC.md's order (logit descending, index ascending),
-starts with exactly the row's `want` best tokens. Only when the kept set reaches past
-them (top-k > CAP, or a top-p cut beyond the CAP best tokens: flat rows) does the
-row take the slow path (`slow_token`): searches over keys, PIVOTS keys per count or
-mass pass (`_largest_true_key`, inside a key range that `nucleus._cut_bracket` may
-narrow), then a mass pass and a search pass (`search_row`).
-
-A *cut rule* describes a prefix of the order: a token with unsigned key u is in
-it iff u > cut, or u == cut and fewer than `room` tied tokens sit at lower
-indices. cut = -1 keeps every finite token.
+decision runs on those candidates in registers (`decide_filtered`). The rows those
+candidates do not settle are decided by `cut_select.py`, in a bounded number of passes.
 """
 
 import triton
 import triton.language as tl
 
-from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, uniform, unsigned_key, weight,
+from .common import (FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, uniform, weight,
                      weight_scale)
 from .scratch import SEARCH_LATER, UNDECIDED, f32_word, f64_word, word_f32, word_f64
 
 INT64_MIN = tl.constexpr(-9223372036854775808)
 INT64_MAX = tl.constexpr(9223372036854775807)
-SEARCH_PROBES = tl.constexpr(4)  # `_search_candidates`' probes per round: log5(V) rounds (8 at V = 151936)
+SEARCH_PROBES = tl.constexpr(4)  # `search_candidates`' probes per round: log5(V) rounds (8 at V = 151936)
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
-FLT_MAX_KEY = tl.constexpr(4286578687)  # the unsigned key of FLT_MAX (a sanitized +inf)
-KEY_TOP = tl.constexpr(4294967295)  # the largest unsigned key (no upper bound on a cut)
 LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
 # combine_lanes and filtered.collect (one 16-byte load per lane)
-PIVOTS = tl.constexpr(4)  # keys tried per pass by the slow path's search (33 bits in 15 passes)
 SEARCH_STAGES = tl.constexpr(3)  # `search_light`'s chunk steps in flight
-SLOW_STAGES = tl.constexpr(2)  # the slow path's passes (deeper pipelines ran slower)
 
 
 @triton.jit
@@ -69,48 +51,6 @@ def pack(x, offs):
 def pack_key(key, index):
     """`pack` of an int32 `ordered_key`."""
     return (key.to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64))
-
-
-@triton.jit
-def _shrink(buf_ptr, count, want, BUF: tl.constexpr):
-    """Sort the buffer, keep its `want` best entries; returns (count, threshold key)."""
-    slots = tl.arange(0, BUF)
-    tl.debug_barrier()  # entries were stored by other threads
-    packed = tl.sort(tl.load(buf_ptr + slots, mask=slots < count, other=INT64_MIN), descending=True)
-    tl.debug_barrier()  # every thread has loaded before any overwrites
-    keep = tl.minimum(count, want)
-    tl.store(buf_ptr + slots, packed, mask=slots < keep)
-    theta = tl.sum(tl.where(slots == keep - 1, packed >> 32, 0), 0) + KEY_OFFSET
-    return keep, theta
-
-
-@triton.jit
-def scan_row(row_ptr, vocab, want, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
-    """The general filter of top-k / top-p rows: one HBM pass leaving the row's `want` best
-    tokens (packed) in buf_ptr; returns (how many entries it holds, the row's finite count).
-    (The row's max, argmax and mass come from `lane_stats`.)"""
-    count = tl.zeros((), dtype=tl.int64)
-    finite = tl.zeros((BLOCK,), dtype=tl.int32)  # per thread: reduced once, after the pass
-    theta = tl.zeros((), dtype=tl.int64) - 1  # unsigned key threshold; -1 takes every finite token
-    strict = tl.zeros((), dtype=tl.int1)  # after a shrink, ties at theta rank below the buffer
-    for start in tl.range(0, vocab, BLOCK, num_stages=STAGES):
-        offs = start + tl.arange(0, BLOCK)
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))  # (not `load_row`: the
-        fin = x > float("-inf")  # keys pick the slots, see the package docstring on the mutation analysis)
-        finite += fin.to(tl.int32)
-        u = unsigned_key(x)
-        take = fin & ((u > theta) | ((u == theta) & ~strict))
-        n_take = tl.sum(take.to(tl.int64), 0)
-        if n_take > 0:
-            if count + n_take > BUF:
-                count, theta = _shrink(buf_ptr, count, want, BUF)
-                strict = tl.full((), 1, tl.int1)
-                take = fin & (u > theta)
-                n_take = tl.sum(take.to(tl.int64), 0)
-            pos = count + tl.cumsum(take.to(tl.int64), 0) - take.to(tl.int64)
-            tl.store(buf_ptr + pos, pack(x, offs), mask=take)
-            count += n_take
-    return count, tl.sum(finite.to(tl.int64), 0)
 
 
 @triton.jit
@@ -376,47 +316,6 @@ def light_token_from_prefixes(row_ptr, vocab, temperature, u, x_max, mass, prefi
 
 
 @triton.jit
-def _in_rule(u, tie_rank, cut, room):
-    return (u > cut) | ((u == cut) & (tie_rank < room))
-
-
-@triton.jit
-def _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first):
-    """Kept set K = rule k and (rule p or the rank-0 token `first`), with running tie counts."""
-    u = unsigned_key(x)
-    tie_k = (fin & (u == cut_k)).to(tl.int64)
-    tie_p = (fin & (u == cut_p)).to(tl.int64)
-    kept = fin & _in_rule(u, ties_k + tl.cumsum(tie_k, 0) - tie_k, cut_k, room_k)
-    kept = kept & (_in_rule(u, ties_p + tl.cumsum(tie_p, 0) - tie_p, cut_p, room_p) | (offs == first))
-    return kept, ties_k + tl.sum(tie_k, 0), ties_p + tl.sum(tie_p, 0)
-
-
-@triton.jit
-def search_row(row_ptr, vocab, x_max, temperature, t, cut_k, room_k, cut_p, room_p, first,
-               BLOCK: tl.constexpr):
-    """SPEC.md step 7 over the kept set of cut rules: the smallest v in K whose inclusive
-    index-order prefix exceeds t, else the largest v in K with e_v > 0."""
-    prefix = tl.zeros((), dtype=tl.float64)
-    token = tl.zeros((), dtype=tl.int64) - 1
-    last = tl.zeros((), dtype=tl.int64) - 1
-    ties_k = tl.zeros((), dtype=tl.int64)
-    ties_p = tl.zeros((), dtype=tl.int64)
-    start = tl.zeros((), dtype=tl.int32)
-    while (token < 0) & (start < vocab):
-        offs = start + tl.arange(0, BLOCK)
-        x, fin = load_row(row_ptr, offs, vocab)
-        kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
-        e = tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64)
-        hit = (prefix + tl.cumsum(e, 0)) > t
-        found = tl.min(tl.where(hit, offs, vocab), 0)
-        token = tl.where(found < vocab, found.to(tl.int64), token)
-        last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
-        prefix += tl.sum(e, 0)
-        start += BLOCK
-    return tl.where(token >= 0, token, last)
-
-
-@triton.jit
 def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.constexpr):
     """SPEC.md step 7 for a temperature-only row (every finite token kept), over [lo, hi)
     whose preceding mass is prefix0: the smallest v whose inclusive prefix exceeds t, else
@@ -448,140 +347,13 @@ def search_light(row_ptr, x_max, temperature, t, lo, hi, prefix0, BLOCK: tl.cons
 
 
 @triton.jit
-def rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, first, BLOCK: tl.constexpr):
-    """The mass of the kept set of the cut rules (ties ranked by index: a cumsum per step)."""
-    total = tl.zeros((), dtype=tl.float64)
-    ties_k = tl.zeros((), dtype=tl.int64)
-    ties_p = tl.zeros((), dtype=tl.int64)
-    for start in tl.range(0, vocab, BLOCK, num_stages=SLOW_STAGES):
-        offs = start + tl.arange(0, BLOCK)
-        x, fin = load_row(row_ptr, offs, vocab)
-        kept, ties_k, ties_p = _kept(x, fin, offs, ties_k, cut_k, room_k, ties_p, cut_p, room_p, first)
-        total += tl.sum(tl.where(kept, weight(x, x_max, temperature), 0.0).to(tl.float64), 0)
-    return total
-
-
-@triton.jit
-def _totals_above(row_ptr, vocab, x_max, temperature, pivots, COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """For each of the [P] unsigned-key pivots: the mass (COUNT: the number) of the finite
-    tokens with key > pivot. Per-thread [P, BLOCK] float64 accumulators, reduced once after
-    the (software-pipelined) pass: no block-wide step in the loop."""
-    P: tl.constexpr = pivots.shape[0]
-    acc = tl.zeros((P, BLOCK), dtype=tl.float64)
-    for start in tl.range(0, vocab, BLOCK, num_stages=SLOW_STAGES):
-        offs = start + tl.arange(0, BLOCK)
-        x, fin = load_row(row_ptr, offs, vocab)
-        above = fin[None, :] & (unsigned_key(x)[None, :] > pivots[:, None])
-        if COUNT:
-            acc += above.to(tl.float64)
-        else:
-            acc += tl.where(above, weight(x, x_max, temperature).to(tl.float64)[None, :], 0.0)
-    return tl.sum(acc, 1)
-
-
-@triton.jit
-def _total_above(row_ptr, vocab, x_max, temperature, pivot, COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """`_totals_above` of one pivot."""
-    return tl.sum(_totals_above(row_ptr, vocab, x_max, temperature, tl.zeros((1,), dtype=tl.int64) + pivot,
-                                COUNT, BLOCK), 0)
-
-
-@triton.jit
-def _largest_true_key(row_ptr, vocab, x_max, temperature, lo, hi_key, target, COUNT: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """The largest key c in [lo, hi_key] whose total over keys >= c (COUNT: tokens, else mass)
-    reaches `target`, given that lo's does (lo = -1: every key's) and that the answer is at
-    most hi_key: a search over PIVOTS keys per pass (the totals fall as c rises, so the
-    pivots that reach it are a prefix); each pass narrows [lo, hi_key] 5-fold.
-
-    bfloat16 / float16 rows: a search over the values the dtype holds (7 or 9 passes instead
-    of 14). Their keys' low SHIFT bits are all zeros (x >= 0) or all ones (x < 0), so
-    key >> SHIFT orders them and "key >= q << SHIFT" is "key >> SHIFT >= q". +inf sanitized
-    to FLT_MAX is no bfloat16 / float16 value: its group (shared with bfloat16's largest
-    finite value) takes one more pass to tell FLT_MAX's key from the group's. The search
-    starts one group below lo's (lo need not be a value's key: `nucleus._cut_bracket`'s is
-    a bin edge's), so the answer, in a group above, is a value's key."""
-    BF16: tl.constexpr = row_ptr.dtype.element_ty == tl.bfloat16
-    F16: tl.constexpr = row_ptr.dtype.element_ty == tl.float16
-    SHIFT: tl.constexpr = 16 if BF16 else (13 if F16 else 0)
-    LOW: tl.constexpr = 65535 if BF16 else 8191  # (1 << SHIFT) - 1
-    TOP_Q: tl.constexpr = 65535 if BF16 else (524287 if F16 else 4294967295)  # 0xFFFFFFFF >> SHIFT
-    HALF_Q: tl.constexpr = 32768 if BF16 else 262144  # KEY_OFFSET >> SHIFT: groups of x >= 0 from here
-    FLT_MAX_Q: tl.constexpr = 65407 if BF16 else 523263  # FLT_MAX_KEY >> SHIFT
-    q = lo >> SHIFT  # (lo = -1 stays -1)
-    if SHIFT > 0:
-        q = tl.where(lo >= 0, q - 1, q)
-    hi = tl.minimum(tl.zeros((), dtype=tl.int64) + TOP_Q, hi_key >> SHIFT)
-    i = tl.arange(0, PIVOTS).to(tl.int64) + 1
-    q_lo = q
-    while hi > q:
-        pivots = q + ((hi - q) * i + PIVOTS) // (PIVOTS + 1)  # in (q, hi], ascending
-        reach = _totals_above(row_ptr, vocab, x_max, temperature, (pivots << SHIFT) - 1, COUNT, BLOCK) >= target
-        q = tl.max(tl.where(reach, pivots, q), 0)
-        hi = tl.min(tl.where(reach, hi, pivots - 1), 0)
-    c = lo
-    if SHIFT > 0:
-        if q > q_lo:  # the key of the value in group q (the low bits: ones below 0.0, zeros from it)
-            c = tl.where(q < HALF_Q, (q << SHIFT) | LOW, q << SHIFT)
-        if (q == FLT_MAX_Q) & (c < FLT_MAX_KEY):  # (also when lo was already in that group)
-            if _total_above(row_ptr, vocab, x_max, temperature, FLT_MAX_KEY - 1, COUNT, BLOCK) >= target:
-                c = FLT_MAX_KEY + tl.zeros((), dtype=tl.int64)
-    else:
-        c = q
-    return c
-
-
-@triton.jit
 def key_weight(key, x_max, temperature):
     """The float64 weight of an unsigned key (`unsigned_key`)."""
     return weight(key_value((key - KEY_OFFSET).to(tl.int32)), x_max, temperature).to(tl.float64)
 
 
 @triton.jit
-def tie_room(target, above, e_cut, vocab):
-    """How many tied tokens at a top-p cut stay: they share the weight e_cut, and the m-th
-    (by index) stays iff above + m * e_cut < target, `above` being the mass above the cut."""
-    room = tl.math.ceil((target - above) / tl.where(e_cut > 0, e_cut, 1.0))
-    room = tl.where(e_cut > 0, room, tl.where(above < target, vocab * 1.0, 0.0))
-    return tl.minimum(tl.maximum(room, 0.0), vocab * 1.0).to(tl.int64)
-
-
-@triton.jit
-def _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all, lo_p, hi_p,
-                BLOCK: tl.constexpr):
-    """Cut rules of top-k and top-p by a search over keys (the kept set reaches past the
-    candidates). Every pass counts or sums the tokens above a key, with no tie rule: the
-    top-k set's total is the mass above cut_k plus room_k tied weights (top-p alone: the
-    row's mass S, `mass_all`), and for keys above cut_k (where the top-p cut lies) "kept by
-    top-k and above c" is "above c". [lo_p, hi_p]: unsigned keys known to hold the top-p
-    cut (-1, KEY_TOP: none known)."""
-    cut_k = tl.zeros((), dtype=tl.int64) - 1
-    room_k = tl.zeros((), dtype=tl.int64)
-    if use_k:  # the k-th best key: the largest c with count(u >= c) >= k
-        cut_k = _largest_true_key(row_ptr, vocab, x_max, temperature, cut_k, tl.zeros((), dtype=tl.int64) + KEY_TOP,
-                                  k.to(tl.float64), True, BLOCK)
-        room_k = k - _total_above(row_ptr, vocab, x_max, temperature, cut_k, True, BLOCK).to(tl.int64)
-    cut_p = tl.zeros((), dtype=tl.int64) - 1
-    room_p = tl.zeros((), dtype=tl.int64)
-    if use_p:
-        total_k = mass_all
-        if use_k:
-            total_k = _total_above(row_ptr, vocab, x_max, temperature, cut_k, False, BLOCK)
-            if (room_k > 0) & (cut_k >= 0):  # (cut_k = -1: fewer than k finite tokens, all kept)
-                total_k += room_k.to(tl.float64) * key_weight(cut_k, x_max, temperature)
-        target = top_p.to(tl.float64) * total_k
-        # The cut: the smallest key whose kept mass strictly above stays under the target;
-        # the largest c with mass(u > c - 1) >= target is one below it (at least cut_k: every
-        # key up to cut_k has the whole top-k set above it).
-        cut_p = _largest_true_key(row_ptr, vocab, x_max, temperature, tl.maximum(cut_k, lo_p), hi_p, target, False,
-                                  BLOCK)
-        above = _total_above(row_ptr, vocab, x_max, temperature, cut_p, False, BLOCK)
-        room_p = tie_room(target, above, key_weight(cut_p, x_max, temperature), vocab)
-    return cut_k, room_k, cut_p, room_p
-
-
-@triton.jit
-def _search_candidates(packed, kept, x_max, temperature, u):
+def search_candidates(packed, kept, x_max, temperature, u):
     """Step 7 on kept candidates (registers): the smallest kept index whose inclusive prefix
     mass in index order exceeds t = u * S, found by a search over the index (SEARCH_PROBES
     probes per round, one masked sum of the kept weights each, in one reduction), else the
@@ -646,25 +418,12 @@ def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_m
 
 
 @triton.jit
-def slow_token(row_ptr, vocab, temperature, top_p, u, x_max, arg, mass_all, k, use_k, use_p, lo_p, hi_p,
-               BLOCK: tl.constexpr):
-    """The token of a top-k / top-p row from passes over the row (the kept set reaches past
-    the candidates): the cuts by key searches (`_slow_rules`; [lo_p, hi_p] holds the top-p
-    cut), the kept mass, then SPEC.md step 7."""
-    cut_k, room_k, cut_p, room_p = _slow_rules(row_ptr, vocab, x_max, temperature, top_p, k, use_k, use_p, mass_all,
-                                               lo_p, hi_p, BLOCK)
-    total = rule_total(row_ptr, vocab, x_max, temperature, cut_k, room_k, cut_p, room_p, arg, BLOCK)
-    return search_row(row_ptr, vocab, x_max, temperature, u.to(tl.float64) * total, cut_k, room_k, cut_p, room_p, arg,
-                      BLOCK)
-
-
-@triton.jit
 def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, count, use_k, use_p, packed):
     """The token of a top-k / top-p row from its `count` (<= BUF) candidates `packed` ([BUF]
     packed entries: `pack`, INT64_MIN past count), which in SPEC.md's order start with the
     row's min(count, want) best tokens (a prefix of the order). Resolved there when that
     prefix holds the whole top-k set, or (top-p alone) when its mass reaches top_p * S:
-    every later token's C(r-1) is then >= the target. Otherwise UNDECIDED (`slow_token`
+    every later token's C(r-1) is then >= the target. Otherwise UNDECIDED (`cut_select`
     decides from passes over the row)."""
     BUF: tl.constexpr = packed.shape[0]
     rank = tl.arange(0, BUF)
@@ -687,5 +446,5 @@ def decide_filtered(temperature, top_p, u, x_max, finite, mass_all, k, want, cou
     resolved = whole_k | (~use_k & use_p & reach)
     token = tl.zeros((), dtype=tl.int64) + UNDECIDED
     if resolved:
-        token = _search_candidates(packed, kept, x_max, temperature, u)
+        token = search_candidates(packed, kept, x_max, temperature, u)
     return token

@@ -1,21 +1,21 @@
 """The head kernels' per-row scratch record: where each piece of a row's state lives, named
 once, here. The device side (word indices, marks, `@triton.jit` accessors) is what the
 kernels use; `Scratch` is the host's view, for tests and diagnostics that look inside a
-launch (`verify.launch(..., scratch=verify.scratch_for(...))`).
+launch (`verify.launch` or `sample_rows.launch` with `scratch=launch.scratch_for(...)`).
 
 A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per logits row
-(`dflash_verify`: per pair slot), and `queue` (`queue_words`) for split walks. A row:
+(`dflash_verify`: per pair slot). A row:
 - [0, 2 BUF): its candidate list (`keys_of`): up to 2 BUF int32 keys (`common.ordered_key`)
-  in int32 words [0, 2 BUF), their vocab indices in int32 words [2 BUF, 4 BUF).
-  `sampling_rule.scan_row` keeps BUF packed int64 entries there instead, and
-  `filtered.store_lanes` a filtered row's lanes until its bound is known.
-- HOT_WORDS (`hot_of`): `filtered.collect`'s hot lanes, or a queued row's split walk (W_*).
+  in int32 words [0, 2 BUF), their vocab indices in int32 words [2 BUF, 4 BUF): `filtered.collect`'s
+  candidates, then the lists of `cut_select`'s passes. `filtered.store_lanes` keeps a
+  filtered row's lanes there until its bound is known.
+- HOT_WORDS (`hot_of`): `filtered.collect`'s hot lanes.
 - RESULTS (`results_of`): the row's decision (R_TOKEN, R_MATCH, R_X_MAX, R_MASS), or its mark
   and pair on the way to a later launch (R_TOKEN, R_PAIR, R_ROW, R_DRAFT).
-- STATS (`stats_of`): a filtered row's stats (S_*; `STAT_NAMES`).
+- STATS (`stats_of`): a filtered row's stats (S_*; `STAT_NAMES`), and the thresholds of
+  `cut_select`'s last pass (S_THRESHOLDS: 4 words).
 - 2 words per chunk of a temperature-only row (`prefixes_of`): its prefix mass at each chunk
   end (`sampling_rule.store_prefix`).
-`queue`: [rows queued, tickets taken, the queued rows' pair slots].
 
 Floats are stored as their bits: float32 in the low 32 bits of a word (`f32_word`;
 `word_f32`, `load_f32` read it), float64 as the whole word (`f64_word`; `word_f64`,
@@ -30,9 +30,8 @@ import triton.language as tl
 
 HOT_WORDS = tl.constexpr(256)  # 512 int32 lanes: `launch.LIGHT_BYTES` * 8 / `sampling_rule.LANE_BITS`
 RESULTS = tl.constexpr(4)
-STATS = tl.constexpr(10)
+STATS = tl.constexpr(34)
 PREFIX_SPLITS = 8  # chunks of a temperature-only row whose end prefix masses it keeps (`launch.prefix_chunks`)
-SPLIT = tl.constexpr(32)  # chunks per queued row of a split walk (`split_walk`)
 
 # RESULTS words of a decided row (`store_results`) ...
 R_TOKEN = tl.constexpr(0)  # the token, or a mark below
@@ -50,37 +49,46 @@ UNDECIDED = tl.constexpr(-4)  # a top-k / top-p row that a decision step could n
 FILTERED_ROW = tl.constexpr(-5)  # a top-k / top-p row until verify_filtered_kernel decides it
 PASS_ROW = tl.constexpr(-6)  # a top-k / top-p row until the FILTERED row launch reads it
 UNUSED_SLOT = tl.constexpr(-7)  # a slot that holds no admitted (owner, j) pair
-QUEUED_ROW = tl.constexpr(-8)  # a FILTERED_ROW whose whole-row walk is queued (`split_walk`)
 
-# STATS words of a filtered row (`store_stats`; the bins' words from a split walk, `split_walk`)
-S_COUNT = tl.constexpr(0)  # its candidates, -1 without a bound, or WALK_ROW
+# STATS words of a filtered row (`store_stats`, `filtered.bound_and_collect`, `cut_select`)
+S_COUNT = tl.constexpr(0)  # its candidates (`filtered.collect`), -1 without a list (no bound, or most lanes hot)
 S_X_MAX = tl.constexpr(1)  # float32
 S_ARG = tl.constexpr(2)
 S_FINITE = tl.constexpr(3)  # lanes holding a finite logit (> 0 iff the row has one)
 S_MASS = tl.constexpr(4)  # float64 mass S (top-p alone)
-S_WALK_BOUND = tl.constexpr(5)  # the bound of the walk a WALK_ROW row is left to
-S_BINS = tl.constexpr(6)  # NO_BINS, BINS_LIST or BINS_NO_LIST
-S_WIDE_LO = tl.constexpr(7)  # `nucleus.wide_list`'s bracket of the top-p cut, from the bins ...
-S_WIDE_HI = tl.constexpr(8)
-S_WIDE_SHORT = tl.constexpr(9)  # ... and whether the CAP best tokens surely fall short of the target
-STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "walk_bound", "bins", "wide_lo", "wide_hi",
-              "wide_short")
+S_BOUND = tl.constexpr(5)  # the unsigned key bound of the candidates: every finite token with key >= it
+S_PASSES = tl.constexpr(6)  # `cut_select`'s passes over the row (after the row's first)
+S_THRESHOLDS = tl.constexpr(7)  # 4 words: the packed thresholds of `cut_select`'s last pass
+# `cut_select`'s state between its rounds (kept here, not in registers: a 4096-entry sort runs each round)
+S_LIST_N = tl.constexpr(11)  # the list (`store_list`): its entries, every token of (lo, hi] ...
+S_LIST_LO = tl.constexpr(12)
+S_LIST_HI = tl.constexpr(13)
+S_LIST_C_HI = tl.constexpr(14)  # ... the count and mass above hi and above lo (count -1: not counted)
+S_LIST_M_HI = tl.constexpr(15)  # float64
+S_LIST_C_LO = tl.constexpr(16)
+S_LIST_M_LO = tl.constexpr(17)  # float64
+S_CUT = tl.constexpr(18)  # the last cut found (`store_cut`): packed, ...
+S_CUT_MASS = tl.constexpr(19)  # ... the kept set's mass (float64), ...
+S_CUT_LISTED = tl.constexpr(20)  # ... whether the list holds the whole set
+S_TOP = tl.constexpr(21)  # the region (bot, top] that holds the cut (`store_region`) ...
+S_TOP_N = tl.constexpr(22)  # ... the count and mass above each end
+S_TOP_M = tl.constexpr(23)  # float64
+S_BOT = tl.constexpr(24)
+S_BOT_N = tl.constexpr(25)  # (an upper bound until S_BOT_EXACT)
+S_BOT_M = tl.constexpr(26)  # float64
+S_BOT_EXACT = tl.constexpr(27)
+S_GOAL = tl.constexpr(28)  # the cut searched (`store_goal`): k, or top_p * S_k (float64), ...
+S_BY_MASS = tl.constexpr(29)  # ... 1 for a top-p cut
+S_HAVE_LIST = tl.constexpr(30)  # 1: the list holds the cut's region (a list round next), 0: a pass round
+S_BRACKETS = tl.constexpr(31)  # bracket passes so far
+S_SORTED = tl.constexpr(32)  # the entries of this round's sorted list
+S_FINITE_N = tl.constexpr(33)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
+STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
+              "threshold_1", "threshold_2", "threshold_3", "list_n", "list_lo", "list_hi", "list_above_hi",
+              "list_mass_above_hi_bits", "list_above_lo", "list_mass_above_lo_bits", "cut", "cut_mass_bits",
+              "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
+              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n")
 assert len(STAT_NAMES) == STATS.value
-
-WALK_ROW = tl.constexpr(-3)  # S_COUNT of a row whose collect is left to a whole-row walk
-NO_BINS = tl.constexpr(0)  # no bins counted for the row: a short list gets `wide_list`
-BINS_LIST = tl.constexpr(1)  # the list is the one `wide_list` would collect (at the bins' bound)
-BINS_NO_LIST = tl.constexpr(2)  # the bins hold no bound for a list (`wide_list` gives -1)
-
-# HOT_WORDS of a queued row (`split_walk`): chunks finished in the current phase, SPLIT chunk
-# counts, SPLIT chunk starts, the phase-2 state, then `dense_collect.WIDE_BINS` int32 bins.
-W_FINISHED = tl.constexpr(0)
-W_COUNTS = tl.constexpr(1)
-W_STARTS = tl.constexpr(W_COUNTS.value + SPLIT.value)
-W_STATE = tl.constexpr(W_STARTS.value + SPLIT.value)  # NOT_READY until phase 1 ends, then DONE or phase 2's bound
-W_BINS = tl.constexpr(W_STATE.value + 1)
-NOT_READY = tl.constexpr(-2)
-DONE = tl.constexpr(-1)
 
 
 @triton.jit
@@ -176,8 +184,8 @@ def stored_pair(results, logits_ptr, stride):
 
 @triton.jit
 def store_stats(stats_ptr, count, x_max, arg, finite, mass):
-    """A filtered row's stats after its pass and collect; no bins (NO_BINS)."""
-    tl.store(stats_ptr + S_BINS, NO_BINS)
+    """A filtered row's stats after its pass and collect (`cut_select` passes: none yet)."""
+    tl.store(stats_ptr + S_PASSES, 0)
     tl.store(stats_ptr + S_COUNT, count)
     tl.store(stats_ptr + S_X_MAX, f32_word(x_max))
     tl.store(stats_ptr + S_ARG, arg.to(tl.int64))
@@ -185,37 +193,93 @@ def store_stats(stats_ptr, count, x_max, arg, finite, mass):
     tl.store(stats_ptr + S_MASS, f64_word(mass))
 
 
+@triton.jit
+def store_list(stats_ptr, n, lo, hi, c_hi, m_hi, c_lo, m_lo):
+    """`cut_select`'s list: n entries, every token of (lo, hi]; c_hi / m_hi the count and mass
+    above hi, c_lo / m_lo above lo (c_lo -1: not counted)."""
+    tl.store(stats_ptr + S_LIST_N, n)
+    tl.store(stats_ptr + S_LIST_LO, lo)
+    tl.store(stats_ptr + S_LIST_HI, hi)
+    tl.store(stats_ptr + S_LIST_C_HI, c_hi)
+    tl.store(stats_ptr + S_LIST_M_HI, f64_word(m_hi))
+    tl.store(stats_ptr + S_LIST_C_LO, c_lo)
+    tl.store(stats_ptr + S_LIST_M_LO, f64_word(m_lo))
+
+
+@triton.jit
+def load_list(stats_ptr):
+    """`store_list`'s (n, lo, hi, c_hi, m_hi, c_lo, m_lo)."""
+    tl.debug_barrier()  # (stored by other threads)
+    return (tl.load(stats_ptr + S_LIST_N), tl.load(stats_ptr + S_LIST_LO), tl.load(stats_ptr + S_LIST_HI),
+            tl.load(stats_ptr + S_LIST_C_HI), load_f64(stats_ptr + S_LIST_M_HI), tl.load(stats_ptr + S_LIST_C_LO),
+            load_f64(stats_ptr + S_LIST_M_LO))
+
+
+@triton.jit
+def store_cut(stats_ptr, cut, mass, listed):
+    """`cut_select`'s cut: the packed cut, the kept set's mass, whether the list holds the set."""
+    tl.store(stats_ptr + S_CUT, cut)
+    tl.store(stats_ptr + S_CUT_MASS, f64_word(mass))
+    tl.store(stats_ptr + S_CUT_LISTED, listed.to(tl.int64))
+
+
+@triton.jit
+def load_cut(stats_ptr):
+    """`store_cut`'s (cut, mass, listed)."""
+    tl.debug_barrier()  # (stored by other threads)
+    return tl.load(stats_ptr + S_CUT), load_f64(stats_ptr + S_CUT_MASS), tl.load(stats_ptr + S_CUT_LISTED) != 0
+
+
+@triton.jit
+def store_region(stats_ptr, top, c_top, m_top, bot, c_bot, m_bot, exact):
+    """`cut_select`'s region (bot, top] and the count and mass above each end."""
+    tl.store(stats_ptr + S_TOP, top)
+    tl.store(stats_ptr + S_TOP_N, c_top)
+    tl.store(stats_ptr + S_TOP_M, f64_word(m_top))
+    tl.store(stats_ptr + S_BOT, bot)
+    tl.store(stats_ptr + S_BOT_N, c_bot)
+    tl.store(stats_ptr + S_BOT_M, f64_word(m_bot))
+    tl.store(stats_ptr + S_BOT_EXACT, exact.to(tl.int64))
+
+
+@triton.jit
+def load_region(stats_ptr):
+    """`store_region`'s (top, c_top, m_top, bot, c_bot, m_bot, exact)."""
+    tl.debug_barrier()  # (stored by other threads)
+    return (tl.load(stats_ptr + S_TOP), tl.load(stats_ptr + S_TOP_N), load_f64(stats_ptr + S_TOP_M),
+            tl.load(stats_ptr + S_BOT), tl.load(stats_ptr + S_BOT_N), load_f64(stats_ptr + S_BOT_M),
+            tl.load(stats_ptr + S_BOT_EXACT) != 0)
+
+
+@triton.jit
+def store_goal(stats_ptr, goal, by_mass):
+    """The cut `cut_select` searches: k (by count) or top_p * S_k (by mass)."""
+    tl.store(stats_ptr + S_GOAL, f64_word(goal))
+    tl.store(stats_ptr + S_BY_MASS, by_mass.to(tl.int64))
+
+
+@triton.jit
+def load_goal(stats_ptr):
+    """`store_goal`'s (goal, by_mass)."""
+    tl.debug_barrier()  # (stored by other threads)
+    return load_f64(stats_ptr + S_GOAL), tl.load(stats_ptr + S_BY_MASS) != 0
+
+
 def scratch_width(buf: int) -> int:
     """int64 words per scratch row (the module docstring's layout)."""
     return 2 * buf + HOT_WORDS.value + RESULTS.value + STATS.value + 2 * PREFIX_SPLITS
 
 
-def queue_words(num_rows):
-    """int64 words of the queue: [rows queued, tickets taken, the queued rows' pair slots]."""
-    return 2 + num_rows
-
-
 @dataclass
 class Scratch:
-    """One `dflash_verify` launch's scratch: `work` [rows, width] int64, `queue`, and the BUF
-    of its decision launch (a row's candidate list holds up to 2 BUF entries, in 2 BUF int64
-    words)."""
+    """One `dflash_verify` launch's scratch: `work` [rows, width] int64 and the BUF of its
+    decision launch (a row's candidate list holds up to 2 BUF entries, in 2 BUF int64 words)."""
     work: torch.Tensor
-    queue: torch.Tensor
     buf: int
 
     @classmethod
     def of(cls, num_rows: int, buf: int, device) -> "Scratch":
-        return cls(torch.empty(num_rows, scratch_width(buf), dtype=torch.int64, device=device),
-                   torch.empty(queue_words(num_rows), dtype=torch.int64, device=device), buf)
-
-    def queued_rows(self) -> list[int]:
-        """The rows whose whole-row walk was queued for the decision launch, in queue order."""
-        q = self.queue.cpu()
-        return q[2:2 + int(q[0])].tolist()
-
-    def tickets_taken(self) -> int:
-        return int(self.queue[1])
+        return cls(torch.empty(num_rows, scratch_width(buf), dtype=torch.int64, device=device), buf)
 
     def results(self) -> torch.Tensor:
         """[rows, RESULTS]: each row's decision words (R_TOKEN first: its token, or a mark)."""
@@ -227,13 +291,9 @@ class Scratch:
         start = 2 * self.buf + HOT_WORDS.value + RESULTS.value
         return dict(zip(STAT_NAMES, self.work[row, start:start + STATS.value].tolist()))
 
-    def chunks_finished(self, row: int) -> int:
-        """A queued row's chunks finished in its current walk phase (W_FINISHED)."""
-        return int(self.work[row, 2 * self.buf + W_FINISHED.value])
-
     def packed_list(self, row: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `count` entries of a row's candidate list: vocab indices and unsigned
-        float32 keys (int64, in index order as `filtered.collect` packs them)."""
+        float32 keys (int64, in the order they were stored)."""
         words = self.work[row].cpu().view(torch.int32)
         indices = words[2 * self.buf:2 * self.buf + count].long()
         keys = words[:count].long() + 2**31

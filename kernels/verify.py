@@ -15,20 +15,14 @@ Algorithm, four launches (no host synchronisation between them):
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: their
    bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
-   the lanes that can hold a candidate; a collect that would read half of them or more
-   is left to launch 3), decided there when they have <= 256 candidates (one sort entry
-   per thread). The pass itself stays in launch 1, at that launch's occupancy: the
-   FILTERED instance needs more registers, and the pass there ran slower
+   the lanes that can hold a candidate), decided there when <= 256 candidates settle them
+   (one sort entry per thread). The pass itself stays in launch 1, at that launch's
+   occupancy: the FILTERED instance needs more registers, and the pass there ran slower
    (benchmarks/RESULTS.md's history, sessions 20-21).
 3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
-   decision of each top-k / top-p row left undecided (`filtered.filtered_token`: the
-   whole-row collects of `dense_collect.walk_collect`, sorts of up to BUF candidates in
-   registers, the long-list search, the general path: the heaviest code, in a launch of its
-   own so the launches above keep their occupancy). The whole-row collects that launch 2
-   queues are split in 32 chunks each, handed out to the programs without a row of their
-   own (`split_walk.py`), so no launch waits for one program's walk of a whole row. The
-   same chunks count the row's bins, so a list that falls short of the target gets
-   `wide_list`'s bound without its counting pass, and a second round of chunks collects it.
+   decision of each top-k / top-p row launch 2 left undecided, by the sample select
+   (`cut_select.py`: its candidates, then passes over the row, a number the design bounds),
+   in a launch of its own so that the launches above keep their occupancy.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
@@ -49,12 +43,12 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import check_inputs, check_length, decide_config, filtered_rows_config, launch_config, prefix_chunks
+from .launch import (check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config, launch_config,
+                     prefix_chunks)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
-from .scratch import (FILTERED_ROW, PASS_ROW, QUEUED_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_COUNT, SEARCH_LATER,
-                      UNDECIDED, UNUSED_SLOT, WALK_ROW, Scratch, load_f32, load_f64, prefixes_of, results_of,
-                      scratch_width, stats_of, store_pair, store_results, stored_pair)
-from .split_walk import queue_walk, split_walks, walk_chunk
+from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, SEARCH_LATER, UNDECIDED,
+                      UNUSED_SLOT, Scratch, load_f32, load_f64, prefixes_of, results_of, scratch_width, stats_of,
+                      store_pair, store_results, stored_pair)
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -73,10 +67,10 @@ def _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O: tl.constex
 
 @triton.jit
 def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
-                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr, queue_ptr,
-                       num_rows, num_owners, vocab, chunk, walk_chunk, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
-                       BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
-                       STAGES: tl.constexpr, BLOCK_O: tl.constexpr):
+                       temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                       num_rows, num_owners, vocab, chunk, GREEDY: tl.constexpr, FILTERED: tl.constexpr,
+                       BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr,
+                       BLOCK_O: tl.constexpr):
     """The rows, in two launches of this kernel (two compiled instances, each with the registers
     of its own path). FILTERED=False walks the owner layout for every slot and reads every row
     once: decides greedy and temperature-only rows, leaves the lanes of top-k / top-p rows in
@@ -91,11 +85,8 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
             _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
                           tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
-                          results, queue_ptr, BLOCK, CAP, BUF, STAGES)
+                          results, BLOCK, BUF)
     else:
-        if tl.program_id(0) == 0:
-            tl.store(queue_ptr, 0)  # no walk queued, no chunk handed out yet (the launches after this one)
-            tl.store(queue_ptr + 1, 0)
         used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
         row_ptr = logits_ptr + row * stride
         if not used:
@@ -138,61 +129,36 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
 
 @triton.jit
 def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_position_ptr, j, draft, work, results,
-                  queue_ptr, BLOCK: tl.constexpr, CAP: tl.constexpr, BUF: tl.constexpr, STAGES: tl.constexpr):
+                  BLOCK: tl.constexpr, BUF: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
-    BLOCK is the pass's step), then its decision when it has <= 256 candidates; else the mark
-    for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s): QUEUED_ROW for a row whose
-    whole-row walk is queued there (`split_walk.queue_walk`), FILTERED_ROW for the others."""
+    BLOCK is the pass's step), then its decision when <= 256 candidates settle it; else the
+    mark FILTERED_ROW for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     stats = stats_of(work, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
                       work, stats, BLOCK, BUF)
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
-    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, CAP, BUF, STAGES, True)
-    if token == UNDECIDED:  # more candidates than the small decision takes: verify_filtered_kernel
-        if tl.load(stats + S_COUNT) == WALK_ROW:
-            queue_walk(queue_ptr, tl.program_id(0), work, BUF)
-            tl.store(results + R_TOKEN, QUEUED_ROW)
-        else:
-            tl.store(results + R_TOKEN, FILTERED_ROW)
+    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, BUF, True, False)
+    if token == UNDECIDED:  # more than the small decision settles: verify_filtered_kernel
+        tl.store(results + R_TOKEN, FILTERED_ROW)
     else:
         store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
-def verify_filtered_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_position_ptr,
-                           temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr, queue_ptr,
-                           num_rows, num_owners, vocab, chunk, walk_chunk, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                           BUF: tl.constexpr, WORK: tl.constexpr, STAGES: tl.constexpr):
+def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                           work_ptr, vocab, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr):
     """The decision of each row the FILTERED row launch marked FILTERED_ROW, by its own
-    program, and of each QUEUED_ROW row, by the program that finished the last chunk of its
-    split walk (`split_walk.split_walks`: the programs without a row of their own take the
-    chunks). A program decides one row at most (one copy of the decision: its registers).
-    (The layout arguments, shared with the row launches, go unread: the mark's pair has the
-    row.)"""
-    pid = tl.program_id(0)
-    asked = tl.load(queue_ptr)  # (both loads first: most programs only read these two words)
-    own = tl.load(results_of(work_ptr + pid.to(tl.int64) * WORK, BUF) + R_TOKEN) == FILTERED_ROW
-    if own | (asked > 0):  # (one branch around everything: the empty launch of the light modes stays cheap;
-        # the loads and a loop outside it doubled that launch's time)
-        slot = tl.where(own, pid.to(tl.int64), -1)
-        if not own:
-            place = split_walks(logits_ptr, stride, vocab, walk_chunk, work_ptr, queue_ptr, asked, temperature_ptr,
-                                top_k_ptr, top_p_ptr, BUF, WORK, CAP)
-            if place >= 0:
-                slot = tl.load(queue_ptr + 2 + place)
-        if slot >= 0:
-            work = work_ptr + slot * WORK
-            results = results_of(work, BUF)
-            owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-            temperature = tl.load(temperature_ptr + owner)
-            top_k = tl.load(top_k_ptr + owner)
-            top_p = tl.load(top_p_ptr + owner)
-            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF), BLOCK,
-                                   CAP, BUF, STAGES)
-            store_filtered(results, token, draft, vocab)
+    program (`cut_select`); the other programs read one word."""
+    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
+    results = results_of(work, BUF)
+    if tl.load(results + R_TOKEN) == FILTERED_ROW:
+        owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
+        u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+        token = filtered_token(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
+                               tl.load(top_p_ptr + owner), u, work, stats_of(work, BUF), BLOCK, BUF, False, True)
+        store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -242,18 +208,11 @@ def verify_accept_kernel(logits_ptr, stride, offsets_ptr, start_position_ptr, te
     tl.store(next_token_ptr + owner, token)
 
 
-def scratch_for(logits, cap: int | None = None, block: int | None = None) -> Scratch:
-    """A fresh scratch for `launch` on `logits` with these `cap` / `block` (to look inside it
-    afterwards: `kernels/scratch.py`)."""
-    _, heavy = launch_config(logits.shape[1], cap, block, logits.element_size())
-    return Scratch.of(logits.shape[0], heavy.buf, logits.device)
-
-
 def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed,
            greedy: bool = False, cap: int | None = None,
            block: int | None = None, scratch: Scratch | None = None):
-    """`scratch`: one of `scratch_for` with the same logits, cap and block, kept by the caller
-    (by default a fresh one)."""
+    """`scratch`: one of `launch.scratch_for` with the same logits, cap and block, kept by the
+    caller to look inside afterwards (by default a fresh one)."""
     num_rows, vocab = logits.shape
     num_owners = offsets.shape[0] - 1
     device = logits.device
@@ -261,28 +220,23 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     next_token = torch.empty(num_owners, dtype=torch.int64, device=device)
     _, heavy = launch_config(vocab, cap, block, logits.element_size())
     width = scratch_width(heavy.buf)
-    if scratch is None:
-        scratch = Scratch.of(num_rows, heavy.buf, device)
-    elif scratch.buf != heavy.buf or tuple(scratch.work.shape) != (num_rows, width):
-        raise ValueError(f"scratch of {tuple(scratch.work.shape)} words, BUF {scratch.buf}: this launch needs "
-                         f"({num_rows}, {width}), BUF {heavy.buf}; make it with scratch_for(logits, cap, block)")
-    work, queue = scratch.work, scratch.queue  # `split_walk.queue_walk`
+    work = checked_scratch(scratch, logits, heavy.buf).work
     if num_rows > 0 and num_owners > 0:
         decide = decide_config(vocab, block, logits.element_size())
         chunk, splits = prefix_chunks(vocab, decide.block)
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
-                seed, work, queue, num_rows, num_owners, vocab, chunk, walk_chunk(vocab, logits.element_size()))
+                seed, work, num_rows, num_owners, vocab, chunk)
         wrap_triton(verify_rows_kernel)[(num_rows,)](
-            *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+            *args, GREEDY=greedy, FILTERED=False, BLOCK=decide.block, BUF=heavy.buf, WORK=width,
             STAGES=decide.stages, BLOCK_O=BLOCK_O, num_warps=decide.warps)
         if not greedy:
             marked = filtered_rows_config(decide)
             wrap_triton(verify_rows_kernel)[(num_rows,)](
-                *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width,
+                *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
             wrap_triton(verify_filtered_kernel)[(num_rows,)](
-                *args, BLOCK=heavy.block, CAP=heavy.cap, BUF=heavy.buf, WORK=width, STAGES=heavy.stages,
-                num_warps=heavy.warps)
+                logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
+                BLOCK=heavy.block, BUF=heavy.buf, WORK=width, num_warps=heavy.warps)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,

@@ -85,11 +85,11 @@ kernels)
   grep -E "V=|passed|failed|Error" "$OUT/parity.log"
   ;;
 sanitizer)
-  # The small parity suite, and the crafted split-walk cases of test_kernels.py (queued rows
-  # walked in chunks by the programs without a row, a second phase waiting on the first).
+  # The small parity suite, and the sample select's crafted cases (test_cut_select.py: every
+  # round of the select, lists written and read back by one program, on the GPU).
   DFLASH_GPU_SUITE=small timeout 560 compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels.py \
-    -k "parity_on_gpu or split" >"$OUT/sanitizer.log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/kernels/test_cut_select.py \
+    -k "parity_on_gpu or cut_select" >"$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
   ;;
 lowering)

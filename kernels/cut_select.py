@@ -1,0 +1,447 @@
+"""The token of a top-k / top-p row that its candidates do not settle, in a bounded number of
+passes over the row: the sample select (issue #25; designed and simulated in
+`benchmarks/simulate_sample_select.py`).
+
+One program per row (it runs after the row's first pass, which gave x_max and, for top-p
+alone, S). The cuts are found in SPEC.md's order, each token packed as (key, index)
+(`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
+"above a threshold" is one int64 compare. A *region* (bot, top] of packed values is known
+to hold the cut, with the exact count and mass of the tokens above each end.
+
+- A list round: the row's candidate list (`filtered.collect`'s, or the last pass's), every
+  token of a range (lo, hi] of the order, is sorted in registers. If the cut is inside, it
+  is exact there (the ranks and masses above hi are exact); otherwise the range's two ends
+  narrow the region. No pass.
+- A pass round: LIST points of the row (`_store_sample`: runs of RUN tokens spread evenly over the
+  row) that fall inside the region, sorted, estimate where the cut falls (each point stands
+  for the region's tokens over its points; top-p: with its own weight, and the region's
+  mass that the points miss is put at its top, where the heavy tokens are); then one pass
+  over the row (`_threshold_pass`) counts and sums exactly above 4 thresholds: the points
+  `half` places either side of the estimate (the bracket, about FILL x LIST tokens) and
+  GUARD x `half` places out; it stores the bracket's tokens in the list. If the bracket
+  held the cut, the next round is a list round; else the thresholds narrow the region.
+  After BRACKETS such passes in a row, or where fewer than MIN_POINTS points fall in the
+  region, the 4 thresholds split the region's range of keys in 5 equal parts instead (a
+  region of one key: its range of indices), and a region of at most LIST tokens is listed
+  whole.
+- top-k + top-p: the top-k cut first, then the top-p cut inside the top-k set (S_k exact
+  from the top-k cut's list), often from the same list.
+- Step 7: from the list when it holds the whole kept set (`_list_search`), else one pass over
+  the row in index order (`_search_pass`).
+
+The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
+at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),
+ceil(log5(V / LIST)) index splits (a region of one key) and one pass that lists the region;
+then step 7. At V = 151936 and LIST = 4096: 3 + 2 x (14 + 3 + 1) + 1 = 40 for top-k + top-p,
+22 for one cut. The simulation's rows of every kind and mode need at most 3 (step 7
+included), and the common case is one bracket pass and step 7. The program counts its passes
+in the row's stats (`scratch.S_PASSES`), so the tests check the bound.
+
+Tokens are SPEC.md's: the cut decisions compare exact counts, and float64 masses summed per
+lane (16-byte lanes of float32 weights, as `sampling_rule.lane_stats`) or along the sorted list:
+sums in another order, SPEC.md's legal difference.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import key_value, sanitize, scaled_weight, weight_scale
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack
+from .scratch import (S_BRACKETS, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut, load_goal,
+                      load_list, load_region, store_cut, store_goal, store_list, store_region)
+
+RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
+RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
+FILL = tl.constexpr(0.8)  # a bracket's expected tokens, a fraction of the list
+GUARD = tl.constexpr(4)  # the guard thresholds: this many bracket half-widths from the estimate
+MIN_POINTS = tl.constexpr(4)  # fewer sample points than this in the region: split it instead
+BRACKETS = tl.constexpr(3)  # bracket passes per row before the splits
+ROUNDS = tl.constexpr(160)  # a guard on the loop (the bound above is far below: never reached)
+PASS_STAGES = tl.constexpr(2)
+CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
+LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
+
+
+@triton.jit
+def listed_entries(list_ptr, n, lo, hi, N: tl.constexpr):
+    """The first N slots of a list of packed tokens: its first n entries, those in (lo, hi] only;
+    INT64_MIN elsewhere."""
+    i = tl.arange(0, N)
+    tl.debug_barrier()  # (the list was stored by other threads)
+    p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
+    return tl.where((p > lo) & (p <= hi), p, INT64_MIN)
+
+
+@triton.jit
+def _store_sample(row_ptr, vocab, list_ptr, N: tl.constexpr):
+    """The sample, into the list's N slots, packed (INT64_MIN for a NaN or -inf logit): N tokens
+    in N / R runs of R consecutive ones (R = RUN, or 1 below RUN_POINTS points), the runs evenly
+    spread over the row (V > N here: the runs do not overlap)."""
+    R: tl.constexpr = RUN if N >= RUN_POINTS else 1
+    C: tl.constexpr = CHUNK if CHUNK < N else N
+    stride = (tl.zeros((), dtype=tl.float32) + vocab) / (N // R)  # (float: an int64 division per element is a
+    # software routine on the GPU, heavy in registers)
+    tl.debug_barrier()  # (every thread has read the list before it is overwritten)
+    for base in range(0, N, C):  # (CHUNK at a time: a gather's addresses take registers per element)
+        i = base + tl.arange(0, C)
+        index = ((i // R).to(tl.float32) * stride).to(tl.int32) + i % R
+        x = sanitize(tl.load(row_ptr + index, mask=index < vocab, other=float("-inf")))
+        tl.store(list_ptr + i, tl.where(x > float("-inf"), pack(x, index), INT64_MIN))
+
+
+@triton.jit
+def _weights(p, x_max, scale):
+    """float64 weights of packed tokens (0 for INT64_MIN)."""
+    e = scaled_weight(key_value((p >> 32).to(tl.int32)), x_max, scale)
+    return tl.where(p != INT64_MIN, e, 0.0).to(tl.float64)
+
+
+@triton.jit
+def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
+    """Whether the cut is at or below threshold t: some token is at or below t (fewer than the
+    row's n_finite above it) and the first of them is kept, from the exact count and mass of
+    the tokens above t. INT64_MAX is above every token, INT64_MIN below every one."""
+    kept = tl.where(by_mass, (above_m < goal) | (above_n == 0), above_n.to(tl.float64) < goal)
+    return (t == INT64_MAX) | ((t != INT64_MIN) & (above_n < n_finite) & kept)
+
+
+@triton.jit
+def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over the row: for each of the 4 packed thresholds in the row's stats
+    (S_THRESHOLDS, descending), the count and mass of the finite tokens above it; the
+    tokens between thresholds 2 and 1 (t2 < p <= t1) stored in the list (the first LIST of
+    them, in index order). Returns ([4] counts, [4] masses, the lowest finite token, packed:
+    INT64_MAX for none, the row's finite tokens and their mass). The thresholds come from
+    scratch: they pick the list's slots (the package docstring's rule for torch's mutation
+    analysis)."""
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    LANES: tl.constexpr = BLOCK // VEC
+    t = tl.load(stats_ptr + S_THRESHOLDS + tl.arange(0, 4))
+    t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)
+    t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
+    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    above_n = tl.zeros((LANES, 4), dtype=tl.int32)
+    above_m = tl.zeros((LANES, 4), dtype=tl.float64)
+    finite_n = tl.zeros((LANES,), dtype=tl.int32)
+    finite_m = tl.zeros((LANES,), dtype=tl.float64)
+    lowest = tl.full((LANES, VEC), INT64_MAX, dtype=tl.int64)
+    count = tl.zeros((), dtype=tl.int32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=PASS_STAGES):
+        offs = start + grid
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+        finite = x > float("-inf")
+        p = pack(x, offs)
+        w = scaled_weight(x, x_max, scale)
+        above = finite[:, :, None] & (p[:, :, None] > t[None, None, :])
+        above_n += tl.sum(above.to(tl.int32), 1)
+        above_m += tl.sum(tl.where(above, w[:, :, None], 0.0), 1).to(tl.float64)  # (VEC float32 weights a lane)
+        finite_n += tl.sum(finite.to(tl.int32), 1)
+        finite_m += tl.sum(tl.where(finite, w, 0.0), 1).to(tl.float64)
+        lowest = tl.minimum(lowest, tl.where(finite, p, INT64_MAX))
+        member = (finite & (p > t2) & (p <= t1)).to(tl.int32)
+        per_lane = tl.sum(member, 1)
+        taken = tl.sum(per_lane, 0)
+        if taken > 0:
+            at = count + (tl.cumsum(per_lane, 0) - per_lane)[:, None] + tl.cumsum(member, 1) - member
+            tl.store(list_ptr + at, p, mask=(member > 0) & (at < LIST))
+            count += taken
+    return (tl.sum(above_n, 0).to(tl.int64), tl.sum(above_m, 0), tl.min(tl.min(lowest, 1), 0),
+            tl.sum(finite_n, 0).to(tl.int64), tl.sum(finite_m, 0))
+
+
+@triton.jit
+def _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST: tl.constexpr):
+    """Over the sorted list (n_real entries from the top of (lo, hi]): (entries the cut keeps, their
+    mass, the mass of them all). Kept entries are a prefix: top-k's by rank, top-p's by the mass
+    before each (the first entry's is m_hi exactly, as `_holds_cut` has it; rank 0 always
+    stays). CHUNK entries a step, the prefix mass carried."""
+    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    n_kept_k = tl.minimum(tl.maximum(goal - c_hi.to(tl.float64), 0.0), n_real.to(tl.float64)).to(tl.int64)
+    n_kept_p = tl.zeros((), dtype=tl.int64)
+    mass_k = tl.zeros((), dtype=tl.float64)
+    mass_p = tl.zeros((), dtype=tl.float64)
+    carry = tl.zeros((), dtype=tl.float64)
+    for base in range(0, LIST, C):
+        i = base + tl.arange(0, C)
+        e = _weights(tl.load(list_ptr + i), x_max, scale)
+        kept_p = (i < n_real) & ((m_hi + (carry + (tl.cumsum(e, 0) - e)) < goal) | ((i == 0) & (c_hi == 0)))
+        n_kept_p += tl.sum(kept_p.to(tl.int64), 0)
+        mass_p += tl.sum(tl.where(kept_p, e, 0.0), 0)
+        mass_k += tl.sum(tl.where(i < n_kept_k, e, 0.0), 0)
+        carry += tl.sum(e, 0)
+    return tl.where(by_mass, n_kept_p, n_kept_k), tl.where(by_mass, mass_p, mass_k), carry
+
+
+@triton.jit
+def _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale, rate,
+              LIST: tl.constexpr):
+    """The 4 thresholds of a bracket pass, descending, from the region's sample points, sorted in
+    the list (n_pts of them): the points `half` and GUARD x `half` places either side of the point
+    where the estimated count or mass from the top reaches the goal (the region's ends past the
+    points). While no pass has counted the region's bottom, the low guard is the bottom itself
+    (a count of the row's finite tokens)."""
+    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    # tokens per point: exact over the region's points, else (the region reaches the row's
+    # end, whose finite count no pass has counted yet) the sample's rate V / LIST
+    per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
+    # top-p: each point stands for per_point tokens of its weight; the region's mass that misses
+    # (heavy tokens between the points) is put at its top, where they are
+    points_mass = tl.zeros((), dtype=tl.float64)
+    if by_mass:
+        for base in range(0, LIST, C):
+            points_mass += tl.sum(_weights(tl.load(list_ptr + base + tl.arange(0, C)), x_max, scale), 0)
+    carry = m_top + ((m_bot - m_top) - points_mass * per_point)
+    j = tl.zeros((), dtype=tl.int64)
+    for base in range(0, LIST, C):
+        i = base + tl.arange(0, C)
+        if by_mass:
+            acc = carry + tl.cumsum(_weights(tl.load(list_ptr + i), x_max, scale), 0) * per_point
+            carry = tl.max(tl.where(i < n_pts, acc, carry), 0)
+        else:
+            acc = c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point
+        j += tl.sum(((i < n_pts) & (acc < goal)).to(tl.int64), 0)
+    j = tl.minimum(j, n_pts - 1)
+    half = tl.maximum((1.0 / per_point * (FILL * LIST / 2)).to(tl.int64), 1)
+    q = tl.arange(0, 4)
+    at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
+    picked = tl.load(list_ptr + at, mask=(at >= 0) & (at < n_pts), other=0)
+    t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
+    return tl.where((q == 3) & ~exact_bot, bot, t)
+
+
+@triton.jit
+def _split(top, bot, vocab):
+    """4 thresholds, descending, that split the region (bot, top] in 5: equal ranges of its keys,
+    or of its indices where it holds one key (its range clamped to the row's indices)."""
+    q = (4 - tl.arange(0, 4)).to(tl.int64)  # 4, 3, 2, 1
+    k_top = (top >> 32) - ((top & LOW_BITS) == 0).to(tl.int64)  # p <= K << 32: key <= K - 1
+    k_bot = (bot >> 32) + ((bot & LOW_BITS) == LOW_BITS).to(tl.int64)  # p > K << 32 | LOW: key >= K + 1
+    by_key = (k_bot + 1 + ((k_top - k_bot) * q) // 5) << 32  # "p > K << 32" is "key >= K"
+    lo = tl.maximum(bot, (k_bot << 32) | (LOW_BITS - (tl.zeros((), dtype=tl.int64) + vocab)))  # p > lo: index < V
+    hi = tl.minimum(top, (k_bot << 32) | LOW_BITS)
+    by_index = lo + ((hi - lo) * q) // 5
+    return tl.where(k_top > k_bot, by_key, by_index)
+
+
+@triton.jit
+def _search_pass(row_ptr, vocab, x_max, scale, t, cut, BLOCK: tl.constexpr):
+    """SPEC.md step 7 over the kept set {p >= cut}: the smallest index whose inclusive prefix
+    mass in index order exceeds t, else the largest kept index of positive weight. A step's
+    weights are summed in float32 (widened); only the step where the prefix crosses t runs
+    the float64 cumsum. Stops at the crossing."""
+    prefix = tl.zeros((), dtype=tl.float64)
+    token = tl.zeros((), dtype=tl.int64) - 1
+    last = tl.zeros((), dtype=tl.int64) - 1
+    start = tl.zeros((), dtype=tl.int32)
+    while (token < 0) & (start < vocab):
+        offs = start + tl.arange(0, BLOCK)
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+        e = tl.where((x > float("-inf")) & (pack(x, offs) >= cut), scaled_weight(x, x_max, scale), 0.0)
+        step = tl.sum(e, 0).to(tl.float64)
+        if prefix + step > t:
+            found = tl.min(tl.where(prefix + tl.cumsum(e.to(tl.float64), 0) > t, offs, vocab), 0)
+            token = tl.where(found < vocab, found.to(tl.int64), token)
+        last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
+        prefix += step
+        start += BLOCK
+    return tl.where(token >= 0, token, last)
+
+
+@triton.jit
+def _list_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
+    """SPEC.md step 7 over the kept set {p >= cut} held in the list's first n entries (any order):
+    `sampling_rule.search_candidates`' search over the index (SEARCH_PROBES probes a round, the
+    smallest kept index whose inclusive prefix exceeds t = u * S, else the largest kept index of
+    positive weight), with the list read CHUNK entries at a time (a [LIST, probes] sum in
+    registers spilled on sm_90)."""
+    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    total = tl.zeros((), dtype=tl.float64)
+    hi = tl.zeros((), dtype=tl.int64) - 1
+    for base in range(0, LIST, C):
+        index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
+        total += tl.sum(e, 0)
+        hi = tl.maximum(hi, tl.max(tl.where(e > 0, index, -1), 0))
+    t = u.to(tl.float64) * total
+    lo = tl.zeros((), dtype=tl.int64) - 1  # prefix(lo) <= t (none below index 0)
+    probe = 1 + tl.arange(0, SEARCH_PROBES)
+    while hi - lo > 1:
+        mids = tl.minimum(lo + tl.maximum((hi - lo) // (SEARCH_PROBES + 1), 1) * probe, hi - 1)
+        sums = tl.zeros((SEARCH_PROBES,), dtype=tl.float64)
+        for base in range(0, LIST, C):
+            index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
+            sums += tl.sum(tl.where(index[:, None] <= mids[None, :], e[:, None], 0.0), 0)
+        above = sums > t
+        hi = tl.min(tl.where(above, mids, hi), 0)
+        lo = tl.max(tl.where(above, lo, mids), 0)
+    return hi
+
+
+@triton.jit
+def _list_chunk(list_ptr, n, base, cut, x_max, scale, C: tl.constexpr):
+    """Entries [base, base + C) of the list: (their indices, their float64 weights where kept: p >= cut)."""
+    i = base + tl.arange(0, C)
+    p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
+    return (p & LOW_BITS) ^ LOW_BITS, tl.where(p >= cut, _weights(p, x_max, scale), 0.0)  # (index, weight)
+
+
+@triton.jit
+def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr):
+    """This round's list, sorted in place (SPEC.md's order), its entries at S_SORTED: the list
+    (`have`: a list round), else the sample's points inside the region (a pass round). The one
+    sort of the loop (one sort network compiled); the rest of the round reads the sorted list
+    from scratch, CHUNK entries at a time."""
+    if not have:
+        _store_sample(row_ptr, vocab, list_ptr, LIST)
+    n, lo, hi, _, _, _, _ = load_list(stats_ptr)
+    top, _, _, bot, _, _, _ = load_region(stats_ptr)
+    vals = listed_entries(list_ptr, tl.where(have, n, LIST), tl.where(have, lo, bot), tl.where(have, hi, top), LIST)
+    s = tl.sort(vals, descending=True)
+    tl.debug_barrier()  # (every thread has loaded the list)
+    tl.store(list_ptr + tl.arange(0, LIST), s)
+    tl.store(stats_ptr + S_SORTED, tl.sum((s != INT64_MIN).to(tl.int64), 0))
+
+
+@triton.jit
+def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.constexpr):
+    """A list round on the sorted list: the cut, if the list holds it (`store_cut`; for top-k with
+    top-p, top-p's search starts, first in the same list); else the list's ends narrow the
+    region, and a pass round follows. Returns whether the search is done."""
+    tl.debug_barrier()  # (the sorted list and its stats were stored by other threads)
+    n_real = tl.load(stats_ptr + S_SORTED)
+    _, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
+    goal, by_mass = load_goal(stats_ptr)
+    n_finite = tl.load(stats_ptr + S_FINITE_N)
+    n_kept, kept_mass, list_mass = _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST)
+    # the list's end: as the pass that stored the list counted it (its sum in another order could
+    # put a cut the pass saw inside the list outside it)
+    m_lo = tl.where(c_lo >= 0, m_lo, m_hi + list_mass)
+    c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
+    top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
+    done = tl.zeros((), dtype=tl.int1)
+    if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
+        cut = tl.load(list_ptr + n_kept - 1)
+        s_kept = m_hi + kept_mass
+        store_cut(stats_ptr, cut, s_kept, c_hi == 0)
+        done = by_mass | ~use_p
+        if not done:  # top-k's cut: top-p's next, inside the top-k set (S_k exact), first in this list
+            store_goal(stats_ptr, top_p.to(tl.float64) * s_kept, done | True)
+            store_region(stats_ptr, INT64_MAX, c_hi * 0, s_kept * 0.0, cut - 1, c_hi + n_kept, s_kept, done | True)
+            store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept)
+    else:  # the cut is below the list, or above it
+        top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
+        if top_in:
+            store_region(stats_ptr, lo, c_lo, m_lo, bot, c_bot, m_bot, exact)
+        else:
+            store_region(stats_ptr, top, c_top, m_top, hi, c_hi, m_hi, exact | True)
+        tl.store(stats_ptr + S_HAVE_LIST, 0)
+    return done
+
+
+@triton.jit
+def _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.constexpr):
+    """A pass round's 4 thresholds, to S_THRESHOLDS: the whole region where it fits the list, a
+    bracket from the sample's points in the region (`_estimate`; BRACKETS a row), else a split."""
+    tl.debug_barrier()  # (the sorted points and their stats were stored by other threads)
+    n_pts = tl.load(stats_ptr + S_SORTED)
+    brackets = tl.load(stats_ptr + S_BRACKETS)
+    top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
+    goal, by_mass = load_goal(stats_ptr)
+    if c_bot - c_top <= LIST:  # (an upper bound of the region's tokens)
+        t = tl.where(tl.arange(0, 4) < 2, top, bot)
+    elif (n_pts >= MIN_POINTS) & (brackets < BRACKETS):
+        t = _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, scale,
+                      (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST)
+        tl.store(stats_ptr + S_BRACKETS, brackets + 1)
+    else:
+        t = _split(top, bot, vocab)
+    tl.store(stats_ptr + S_THRESHOLDS + tl.arange(0, 4), t)
+
+
+@triton.jit
+def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.constexpr):
+    """After a pass: the region between the lowest threshold the cut is at or below and the highest
+    it is above (exact counts and masses there); a list round next if the bracket (thresholds 1
+    and 2) holds the cut and its list is complete. The region's bottom is at least just below the
+    row's lowest token (exact there: every finite token above it)."""
+    tl.debug_barrier()  # (stored by other threads)
+    t = tl.load(stats_ptr + S_THRESHOLDS + tl.arange(0, 4))
+    top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
+    goal, by_mass = load_goal(stats_ptr)
+    tl.store(stats_ptr + S_FINITE_N, n_finite)
+    if lowest - 1 >= bot:  # (the same tokens; keys below the lowest are no longer split)
+        bot = lowest - 1
+        c_bot = n_finite
+        m_bot = m_finite
+        exact = exact | True
+    inside = _holds_cut(t, above_n, above_m, goal, by_mass, n_finite)
+    low_in = tl.min(tl.where(inside, t, INT64_MAX), 0)  # the lowest threshold the cut is at or below
+    if low_in < top:
+        top = low_in
+        c_top = tl.max(tl.where(inside, above_n, -1), 0)
+        m_top = tl.max(tl.where(inside, above_m, -1.0), 0)
+    high_out = tl.max(tl.where(inside, INT64_MIN, t), 0)  # the highest it is above
+    if high_out > bot:
+        bot = high_out
+        c_bot = tl.min(tl.where(inside, INT64_MAX, above_n), 0)
+        m_bot = tl.min(tl.where(inside, float("inf"), above_m), 0)
+        exact = exact | True
+    store_region(stats_ptr, top, c_top, m_top, bot, c_bot, m_bot, exact)
+    q = tl.arange(0, 4)
+    first_in = tl.sum(tl.where(q == 1, inside.to(tl.int32), 0), 0) > 0
+    last_in = tl.sum(tl.where(q == 2, inside.to(tl.int32), 0), 0) > 0
+    c_first = tl.sum(tl.where(q == 1, above_n, 0), 0)
+    stored = tl.sum(tl.where(q == 2, above_n, 0), 0) - c_first
+    if first_in & ~last_in & (stored <= LIST):  # the bracket holds the cut: a list round next
+        tl.store(stats_ptr + S_HAVE_LIST, 1)
+        store_list(stats_ptr, stored, tl.sum(tl.where(q == 2, t, 0), 0), tl.sum(tl.where(q == 1, t, 0), 0), c_first,
+                   tl.sum(tl.where(q == 1, above_m, 0.0), 0), c_first + stored, tl.sum(tl.where(q == 2, above_m, 0.0), 0))
+
+
+@triton.jit
+def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, listed, bound, list_ptr, stats_ptr,
+                 BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """The token of a top-k / top-p row (temperature > 0, a finite logit) by the module
+    docstring's rounds. x_max: the row's max; mass: S (top-p alone; unread with top-k);
+    listed: the candidates `filtered.collect` left in the list at list_ptr (every finite token
+    with unsigned key >= bound; -1 or more than the list holds: none usable). The search's
+    state lives in the row's stats between rounds (`scratch`: S_LIST_* to S_SORTED), so that
+    little is live across each round's sort. Counts its passes at S_PASSES. UNDECIDED only if
+    the loop guard ran out (never, by the bound)."""
+    LIST: tl.constexpr = 2 * BUF
+    scale = weight_scale(temperature)
+    use_k, use_p = filters(top_k, top_p, vocab)
+    zero = tl.zeros((), dtype=tl.int64)
+    store_goal(stats_ptr, tl.where(use_k, top_k.to(tl.float64), top_p.to(tl.float64) * mass), ~use_k)
+    store_region(stats_ptr, INT64_MAX, zero, zero.to(tl.float64), INT64_MIN, zero + vocab, mass, zero != 0)
+    store_list(stats_ptr, listed, ((bound - KEY_OFFSET) << 32) - 1, zero + INT64_MAX, zero, zero.to(tl.float64),
+               zero - 1, zero.to(tl.float64))
+    tl.store(stats_ptr + S_HAVE_LIST, ((listed >= 0) & (listed <= LIST)).to(tl.int64))
+    tl.store(stats_ptr + S_BRACKETS, 0)
+    tl.store(stats_ptr + S_PASSES, 0)
+    tl.store(stats_ptr + S_FINITE_N, zero + vocab)
+    done = zero != 0
+    rounds = zero
+    while (~done) & (rounds < ROUNDS):
+        rounds += 1
+        tl.debug_barrier()  # (stored by other threads)
+        have = tl.load(stats_ptr + S_HAVE_LIST) != 0
+        _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST)
+        if have:
+            done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST)
+        else:
+            _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
+            tl.debug_barrier()  # (stored by other threads)
+            above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr,
+                                                                           list_ptr, LIST, BLOCK)
+            tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+            _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
+    token = zero + UNDECIDED
+    if done:
+        cut, s_kept, listed_all = load_cut(stats_ptr)
+        if listed_all:  # the list holds the whole kept set
+            n, _, _, _, _, _, _ = load_list(stats_ptr)
+            token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
+        else:
+            token = _search_pass(row_ptr, vocab, x_max, scale, u.to(tl.float64) * s_kept, cut, BLOCK)
+            tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+    return token
