@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     ap.add_argument("--once", metavar="MODE", choices=list(MODES),
                     help="only call the op a few times on the headline case of MODE (for ncu / nsys)")
     ap.add_argument("--owners", type=int, default=64, help="--once: owners of 16 rows (default 64)")
-    ap.add_argument("--flat", action="store_true", help="--once: flat rows (the top-p slow path)")
+    ap.add_argument("--flat", action="store_true", help="--once: flat rows (top-p by the select's passes)")
     ap.add_argument("--fused-only", action="store_true", help="time the fused heads only (no baselines)")
     ap.add_argument("--kinds", action="store_true",
                     help="only the row-kind table (issue #25): dflash_verify and sample_rows on every row kind under "
@@ -396,7 +396,7 @@ def main(argv=None) -> int:
                 f"{launched * 1e3:.1f} | {f(sort_eager)} | {f(sort_comp)} | {f(ref_eager)} | {f(ref_comp)} | "
                 f"{ratio(sort_eager, fused)} | {ratio(best, fused)} |")
 
-    # sample_rows at 64 rows, and the flat-row stress case of the top-p slow path.
+    # sample_rows at 64 rows, and the flat-row stress case of top-p (the select's passes).
     say()
     say("| head | rows | V | dtype | mode | fused us | x floor |")
     say("|---|---|---|---|---|---|---|")

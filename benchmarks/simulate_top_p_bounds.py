@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     x = rows(torch.Generator().manual_seed(args.seed), args.rows, args.vocab)
     print(f"{args.rows} rows, V = {args.vocab}, T = {args.temperature}, top-p {args.top_p}, BUF {args.buf}")
     print("| step | lanes | nucleus p50 / p99 / max | candidates p50 / p99 / max | collected twice | "
-          f"> {SMALL.value} | > BUF | > 2 BUF (general path) |")
+          f"> {SMALL.value} | > BUF | > 2 BUF (no list: the select's passes) |")
     print("|---|---|---|---|---|---|---|---|")
     for nbytes in args.step_bytes:
         sim = simulate(x, nbytes // 2, args.temperature, args.top_p)

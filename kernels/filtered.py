@@ -24,8 +24,8 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   average and 7 rows in 1024 collected again (at the 64th, as before: 65 hot lanes, so 4x
   the collect's work, and 3 rows). A row collected again at a bound no lane maximum
   reaches (its lanes' maxima never reach the target: a nucleus wide in the body) takes
-  every lane: with 512 lanes (8 KB steps) 2900-4300 candidates (over 2 * BUF: the general
-  path, the slowest), with 256 (the 4 KB steps of `dflash_verify`'s pass) up to ~2100
+  every lane (no list, below: the select's passes decide it); with 512 lanes (8 KB steps)
+  2900-4300 candidates, with 256 (the 4 KB steps of `dflash_verify`'s pass) up to ~2100
   (simulated, 2048 rows: `benchmarks/simulate_top_p_bounds.py`).
 
 A second pass appends every finite token with key >= theta to the row's candidate
@@ -181,9 +181,9 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
 def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """A filtered row's pass: (lane maxima, lane masses, x_max, arg, lanes holding a finite logit,
     mass S). The mass only for top-p alone: with top-k, S_k is the top-k set's own (from its
-    candidates), and `decide_filtered` never reads S there (`slow_token` sums what it needs).
-    No finite count either (3 instructions per logit): `filtered_token` needs it only on the
-    general path, and counts there; `finite` > 0 iff the row has a finite logit.
+    candidates), and `decide_filtered` never reads S there (`cut_select` sums what it needs).
+    No finite count either (3 instructions per logit): `cut_select`'s passes count it where it
+    is needed; `finite` > 0 iff the row has a finite logit.
     (`verify_rows_kernel` runs the same `lanes_and_stats` in the launch that decides the light rows.)"""
     lane_max, lane_mass, x_max, arg, finite, mass, _ = lanes_and_stats(
         row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False)

@@ -46,8 +46,8 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     Little's law asks of the H200's HBM (masked steps cost registers and spilled). These
     passes are bound by the ALU pipe rather than by bytes in flight (RESULTS.md's history, session 17).
     The filtered config decides top-k / top-p rows from their candidates (sorts in
-    registers) and runs their general path; smaller blocks keep ptxas under 255 registers
-    without spills on sm_90.
+    registers) and runs the sample select (`cut_select`); smaller blocks keep ptxas under 255
+    registers without spills on sm_90.
     """
     pow2 = max(16, triton.next_power_of_2(vocab))
     cap = cap if cap is not None else min(CAP, pow2)

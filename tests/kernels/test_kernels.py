@@ -418,11 +418,11 @@ def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, m
     """dflash_verify reads every row in its first launch and leaves a top-p row's lanes in
     scratch; the FILTERED launch bounds and collects from them, in that launch's lane layout.
     The long-list rows above, one owner each (cap 8, block 16: 4 float32 lanes), go the same
-    ways there (list searches, general path), and some owners take top-k. step 32: the first
+    ways there (the small decision, the select), and some owners take top-k. step 32: the first
     launch runs another config (as `benchmarks/sweep_rows.py` swaps it): the FILTERED launch
-    must follow its step (8 lanes), not recompute one from V. (Lanes read in another layout did not change these
-    rows' tokens, checked: a bound whose candidates do not settle a row sends it to the
-    general path; so the test checks the two launches' steps too.)"""
+    must follow its step (8 lanes), not recompute one from V. (Lanes read in another layout did
+    not change these rows' tokens, checked: a bound whose candidates do not settle a row sends
+    it to the select; so the test checks the two launches' steps too.)"""
     real = verify_kernel.decide_config
     monkeypatch.setattr(verify_kernel, "decide_config",
                         lambda vocab, block=None, itemsize=2: dataclasses.replace(real(vocab, block, itemsize),
