@@ -49,7 +49,7 @@ import triton.language as tl
 from .common import key_value, ordered_key, sanitize, unsigned_key, weight
 from .cut_select import listed_entries, select_token
 from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
-                            lanes_and_stats, pack)
+                            lanes_and_stats)
 from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
                       load_f32, load_f64, store_stats)
 
@@ -143,7 +143,11 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
         x = sanitize(tl.load(row_ptr + offs, mask=live[:, None] & (offs < vocab), other=float("-inf")))
         take = (x > float("-inf")) & (ordered_key(x) >= bound)
         slot = tl.atomic_add(counter, 1, mask=take, sem="relaxed")
-        tl.store(buf_ptr + slot, pack(x, offs), mask=take & (slot < 2 * BUF))
+        # packed as `sampling_rule.pack`: its two 32-bit halves apiece (little-endian), ~index below
+        # the key (a 64-bit pack per logit left a 24-byte stack on sm_90)
+        words = buf_ptr.to(tl.pointer_type(tl.int32)) + 2 * slot
+        tl.store(words, ~offs, mask=take & (slot < 2 * BUF))
+        tl.store(words + 1, ordered_key(x), mask=take & (slot < 2 * BUF))
     tl.debug_barrier()  # every append is done
     count = tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
     return tl.where(whole, -1, count)
