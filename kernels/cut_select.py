@@ -9,11 +9,11 @@ alone, S). The cuts are found in SPEC.md's order, each token packed as (key, ind
 to hold the cut, with the exact count and mass of the tokens above each end.
 
 - A list round: the row's candidate list (`filtered.collect`'s, or the last pass's), every
-  token of a range (lo, hi] of the order, is sorted in registers. If the cut is inside, it
-  is exact there (the ranks and masses above hi are exact); otherwise the range's two ends
-  narrow the region. No pass.
-- A pass round: LIST points of the row (`_store_sample`: runs of RUN tokens spread evenly over the
-  row) that fall inside the region, sorted, estimate where the cut falls (each point stands
+  token of a range (lo, hi] of the order, is sorted. If the cut is inside, it is exact there
+  (the ranks and masses above hi are exact); otherwise the range's two ends narrow the
+  region. No pass.
+- A pass round: LIST points of the row (`_store_sample`: runs of RUN tokens spread evenly over
+  the row) that fall inside the region, sorted, estimate where the cut falls (each point stands
   for the region's tokens over its points; top-p: with its own weight, and the region's
   mass that the points miss is put at its top, where the heavy tokens are); then one pass
   over the row (`_threshold_pass`) counts and sums exactly above 4 thresholds: the points
@@ -29,13 +29,20 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 - Step 7: from the list when it holds the whole kept set (`_list_search`), else one pass over
   the row in index order (`_search_pass`).
 
+Each round sorts one list of LIST packed tokens in registers (one sort call: one sort network
+compiled), stores it back sorted, and reads it CHUNK entries at a time; the search's state
+lives in the row's scratch record between rounds (`scratch`: the region, the goal, the list,
+the cut). So little is live across the sort, and the launch compiles for sm_90 without a
+stack frame (the loop's state in registers spilled).
+
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),
 ceil(log5(V / LIST)) index splits (a region of one key) and one pass that lists the region;
 then step 7. At V = 151936 and LIST = 4096: 3 + 2 x (14 + 3 + 1) + 1 = 40 for top-k + top-p,
-22 for one cut. The simulation's rows of every kind and mode need at most 3 (step 7
-included), and the common case is one bracket pass and step 7. The program counts its passes
-in the row's stats (`scratch.S_PASSES`), so the tests check the bound.
+22 for one cut. The kernel counts its passes in the row's stats (`scratch.S_PASSES`): the
+tests check the bound, and `benchmarks/count_select_passes.py` counts them at V = 151936 on
+every row kind and mode (at most 2 after the first, step 7 included; benchmarks/HISTORY.md,
+session 48).
 
 Tokens are SPEC.md's: the cut decisions compare exact counts, and float64 masses summed per
 lane (16-byte lanes of float32 weights, as `sampling_rule.lane_stats`) or along the sorted list:
@@ -47,8 +54,8 @@ import triton.language as tl
 
 from .common import key_value, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack
-from .scratch import (S_BRACKETS, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut, load_goal,
-                      load_list, load_region, store_cut, store_goal, store_list, store_region)
+from .scratch import (S_BRACKETS, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut,
+                      load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -393,8 +400,10 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
     stored = tl.sum(tl.where(q == 2, above_n, 0), 0) - c_first
     if first_in & ~last_in & (stored <= LIST):  # the bracket holds the cut: a list round next
         tl.store(stats_ptr + S_HAVE_LIST, 1)
+        m_first = tl.sum(tl.where(q == 1, above_m, 0.0), 0)
+        m_last = tl.sum(tl.where(q == 2, above_m, 0.0), 0)
         store_list(stats_ptr, stored, tl.sum(tl.where(q == 2, t, 0), 0), tl.sum(tl.where(q == 1, t, 0), 0), c_first,
-                   tl.sum(tl.where(q == 1, above_m, 0.0), 0), c_first + stored, tl.sum(tl.where(q == 2, above_m, 0.0), 0))
+                   m_first, c_first + stored, m_last)
 
 
 @triton.jit
