@@ -29,7 +29,7 @@ from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch
 from dflash_et.kernels.scratch import scratch_width
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALIGNED = ("stride", "vocab", "chunk", "walk_chunk")  # (walk_chunk: a multiple of 16 by construction)
+ALIGNED = ("stride", "vocab", "chunk")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only

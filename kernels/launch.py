@@ -16,9 +16,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
 DECIDE_BYTES = 4096  # the same for dflash_verify's launch that decides greedy / temperature-only rows
 FILTERED_BLOCK = 1024
-CAP = 1024  # best tokens per filtered row kept as candidates (sorted in registers)
-
-
+CAP = 1024  # sizes a filtered row's list: BUF = CAP + block, a power of two (2048), the list 2 * BUF tokens
 
 @dataclass(frozen=True)
 class RowConfig:
@@ -27,15 +25,15 @@ class RowConfig:
     block: int  # logits per loop step
     warps: int
     stages: int  # software-pipelining depth of the HBM pass
-    cap: int  # best tokens kept as candidates (filtered rows)
-    buf: int  # candidate buffer entries: >= cap + block, a power of two
+    cap: int  # sizes buf (filtered rows)
+    buf: int  # >= cap + block, a power of two: a filtered row's list holds 2 * buf packed tokens
 
 
 def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
                   itemsize: int = 2) -> tuple[RowConfig, RowConfig]:
     """(light, filtered) row-kernel configs for rows of `vocab` logits of `itemsize` bytes.
-    `cap` overrides the filtered instance's, `block` both instances' (tests force buffer
-    shrinks, and many online-max steps per row, with them).
+    `cap` overrides the filtered instance's, `block` both instances' (tests shrink the lists,
+    and force many online-max steps per row, with them).
 
     The light config reads a row once: `sample_rows`' chunks and its top-k / top-p rows
     (`dflash_verify` reads every row with `decide_config`): 8 KB steps (bytes, not
