@@ -326,7 +326,7 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
     top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
     done = tl.zeros((), dtype=tl.int1)
     if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
-        cut = tl.load(list_ptr + n_kept - 1)
+        cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
         s_kept = m_hi + kept_mass
         store_cut(stats_ptr, cut, s_kept, c_hi == 0)
         done = by_mass | ~use_p
