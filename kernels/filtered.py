@@ -53,7 +53,7 @@ from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_
 from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
                       load_f32, load_f64, store_stats)
 
-SMALL = tl.constexpr(256)  # candidates sorted by the small decision (else BUF)
+SMALL = tl.constexpr(256)  # candidates sorted by the small decision (more: `cut_select`)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest lane maximum
 LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)

@@ -5,10 +5,9 @@ launch (`verify.launch` or `sample_rows.launch` with `scratch=launch.scratch_for
 
 A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per logits row
 (`dflash_verify`: per pair slot). A row:
-- [0, 2 BUF): its candidate list (`keys_of`): up to 2 BUF int32 keys (`common.ordered_key`)
-  in int32 words [0, 2 BUF), their vocab indices in int32 words [2 BUF, 4 BUF): `filtered.collect`'s
-  candidates, then the lists of `cut_select`'s passes. `filtered.store_lanes` keeps a
-  filtered row's lanes there until its bound is known.
+- [0, 2 BUF): its list of up to 2 BUF packed tokens (`sampling_rule.pack`): `filtered.collect`'s
+  candidates, then `cut_select`'s sample and the tokens its passes list. `filtered.store_lanes`
+  keeps a filtered row's lanes there until its bound is known.
 - HOT_WORDS (`hot_of`): `filtered.collect`'s hot lanes.
 - RESULTS (`results_of`): the row's decision (R_TOKEN, R_MATCH, R_X_MAX, R_MASS), or its mark
   and pair on the way to a later launch (R_TOKEN, R_PAIR, R_ROW, R_DRAFT).
@@ -89,12 +88,6 @@ STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound"
               "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
               "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n")
 assert len(STAT_NAMES) == STATS.value
-
-
-@triton.jit
-def keys_of(buf_ptr):
-    """The candidate list's keys (int32); its indices follow 2 * BUF int32 words later."""
-    return buf_ptr.to(tl.pointer_type(tl.int32))
 
 
 @triton.jit
@@ -292,9 +285,7 @@ class Scratch:
         return dict(zip(STAT_NAMES, self.work[row, start:start + STATS.value].tolist()))
 
     def packed_list(self, row: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `count` entries of a row's candidate list: vocab indices and unsigned
-        float32 keys (int64, in the order they were stored)."""
-        words = self.work[row].cpu().view(torch.int32)
-        indices = words[2 * self.buf:2 * self.buf + count].long()
-        keys = words[:count].long() + 2**31
-        return indices, keys
+        """The first `count` entries of a row's list: vocab indices and unsigned float32 keys
+        (`common.unsigned_key`; int64, in the list's order)."""
+        packed = self.work[row, :count].cpu()
+        return (packed & 0xFFFFFFFF) ^ 0xFFFFFFFF, (packed >> 32) + 2**31

@@ -170,6 +170,13 @@ def test_lists_that_hold_the_cut_are_decided_without_a_pass():
     stats = [scratch.stats(r) for r in range(n)]
     assert all(256 < st["count"] <= LIST_DEFAULT for st in stats), [st["count"] for st in stats]
     assert [st["passes"] for st in stats] == [0] * n
+    bits = logits.view(torch.int32).long()
+    unsigned = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
+    for r, st in enumerate(stats[:3]):  # top-k alone: the list is every token at or above the bound (sorted
+        # by the select's list round; with top-p, its second round keeps only the top-k set there)
+        indices, keys = scratch.packed_list(r, st["count"])
+        assert sorted(indices.tolist()) == torch.nonzero(unsigned[r] >= st["bound"]).flatten().tolist()
+        assert torch.equal(keys, unsigned[r, indices])
 
 
 def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
