@@ -90,11 +90,13 @@ def test_every_kind_and_mode_within_the_bound(dtype):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="patches a constexpr global: interpreter only")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_splits_alone_decide_every_kind(dtype, monkeypatch):
+def test_the_splits_alone_decide_every_kind(monkeypatch):
     """With no bracket pass allowed (BRACKETS = 0), every row that its candidates do not settle
     is decided by the bounded fallback alone: key splits, index splits inside one key (the
-    rows of equal logits), whole-region lists. The reference's tokens, within the bound."""
+    rows of equal logits), whole-region lists. The reference's tokens, within the bound.
+    float32 rows only: the splits work on 32-bit ordered keys whatever the dtype (bfloat16's
+    rows take the same rounds in the test above; 37 s of CI saved)."""
+    dtype = torch.float32
     monkeypatch.setattr(cut_select, "BRACKETS", triton.language.constexpr(0))
     g = torch.Generator().manual_seed(62)
     vocab = 700
