@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .common import key_value, sanitize, scaled_weight, weight_scale
-from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, SEARCH_STAGES, filters, pack
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack
 from .scratch import (S_BRACKETS, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut,
                       load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
 
@@ -235,21 +235,22 @@ def _search_pass(row_ptr, vocab, x_max, scale, t, cut, BLOCK: tl.constexpr):
     """SPEC.md step 7 over the kept set {p >= cut}: the smallest index whose inclusive prefix
     mass in index order exceeds t, else the largest kept index of positive weight. A step's
     weights are summed in float32 (widened); only the step where the prefix crosses t runs
-    the float64 cumsum. The whole row, software-pipelined: a loop that stops at the crossing
-    waits out each step's load (one program; as `sampling_rule.search_light`)."""
+    the float64 cumsum. Stops at the crossing."""
     prefix = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
     last = tl.zeros((), dtype=tl.int64) - 1
-    for start in tl.range(0, vocab, BLOCK, num_stages=SEARCH_STAGES):
+    start = tl.zeros((), dtype=tl.int32)
+    while (token < 0) & (start < vocab):
         offs = start + tl.arange(0, BLOCK)
         x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
         e = tl.where((x > float("-inf")) & (pack(x, offs) >= cut), scaled_weight(x, x_max, scale), 0.0)
         step = tl.sum(e, 0).to(tl.float64)
-        if (token < 0) & (prefix + step > t):  # (later steps leave the token as it is)
+        if prefix + step > t:
             found = tl.min(tl.where(prefix + tl.cumsum(e.to(tl.float64), 0) > t, offs, vocab), 0)
             token = tl.where(found < vocab, found.to(tl.int64), token)
         last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
         prefix += step
+        start += BLOCK
     return tl.where(token >= 0, token, last)
 
 
