@@ -97,8 +97,8 @@ def _store_sample(row_ptr, vocab, list_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def _weights(p, x_max, scale):
-    """float64 weights of packed tokens (0 for INT64_MIN)."""
+def packed_weights(p, x_max, scale):
+    """float64 weights of packed tokens (0 for INT64_MIN); scale: `common.weight_scale`."""
     e = scaled_weight(key_value((p >> 32).to(tl.int32)), x_max, scale)
     return tl.where(p != INT64_MIN, e, 0.0).to(tl.float64)
 
@@ -170,7 +170,7 @@ def _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIS
     carry = tl.zeros((), dtype=tl.float64)
     for base in range(0, LIST, C):
         i = base + tl.arange(0, C)
-        e = _weights(tl.load(list_ptr + i), x_max, scale)
+        e = packed_weights(tl.load(list_ptr + i), x_max, scale)
         kept_p = (i < n_real) & ((m_hi + (carry + (tl.cumsum(e, 0) - e)) < goal) | ((i == 0) & (c_hi == 0)))
         n_kept_p += tl.sum(kept_p.to(tl.int64), 0)
         mass_p += tl.sum(tl.where(kept_p, e, 0.0), 0)
@@ -196,13 +196,13 @@ def _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, 
     points_mass = tl.zeros((), dtype=tl.float64)
     if by_mass:
         for base in range(0, LIST, C):
-            points_mass += tl.sum(_weights(tl.load(list_ptr + base + tl.arange(0, C)), x_max, scale), 0)
+            points_mass += tl.sum(packed_weights(tl.load(list_ptr + base + tl.arange(0, C)), x_max, scale), 0)
     carry = m_top + ((m_bot - m_top) - points_mass * per_point)
     j = tl.zeros((), dtype=tl.int64)
     for base in range(0, LIST, C):
         i = base + tl.arange(0, C)
         if by_mass:
-            acc = carry + tl.cumsum(_weights(tl.load(list_ptr + i), x_max, scale), 0) * per_point
+            acc = carry + tl.cumsum(packed_weights(tl.load(list_ptr + i), x_max, scale), 0) * per_point
             carry = tl.max(tl.where(i < n_pts, acc, carry), 0)
         else:
             acc = c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point
@@ -288,7 +288,7 @@ def _list_chunk(list_ptr, n, base, cut, x_max, scale, C: tl.constexpr):
     """Entries [base, base + C) of the list: (their indices, their float64 weights where kept: p >= cut)."""
     i = base + tl.arange(0, C)
     p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
-    return (p & LOW_BITS) ^ LOW_BITS, tl.where(p >= cut, _weights(p, x_max, scale), 0.0)  # (index, weight)
+    return (p & LOW_BITS) ^ LOW_BITS, tl.where(p >= cut, packed_weights(p, x_max, scale), 0.0)  # (index, weight)
 
 
 @triton.jit

@@ -46,8 +46,8 @@ them, are its first round), a bounded number of passes whatever the row holds.
 import triton
 import triton.language as tl
 
-from .common import key_value, ordered_key, sanitize, unsigned_key, weight
-from .cut_select import listed_entries, select_token
+from .common import ordered_key, sanitize, unsigned_key, weight, weight_scale
+from .cut_select import listed_entries, packed_weights, select_token
 from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats)
 from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
@@ -156,12 +156,11 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
 @triton.jit
 def _candidate_mass(buf_ptr, count, x_max, temperature):
     """The mass of `count` (<= 2 * BUF) collected candidates."""
+    scale = weight_scale(temperature)
     total = tl.zeros((), dtype=tl.float64)
     for base in range(0, count, SMALL):
         i = base + tl.arange(0, SMALL)
-        packed = tl.load(buf_ptr + i, mask=i < count, other=0)
-        total += tl.sum(tl.where(i < count, weight(key_value((packed >> 32).to(tl.int32)), x_max, temperature),
-                                 0.0).to(tl.float64), 0)
+        total += tl.sum(packed_weights(tl.load(buf_ptr + i, mask=i < count, other=INT64_MIN), x_max, scale), 0)
     return total
 
 
