@@ -15,9 +15,10 @@ import pytest
 import torch
 import triton
 from conftest import DEVICE
+from kernel_parity import check_samples, check_verify
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
-from dflash_et.export import cases, heads, legal, rng
+from dflash_et.export import cases, heads
 from dflash_et.kernels import cut_select, launch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
@@ -52,13 +53,7 @@ def _sampled(inp, cap=CAP, block=BLOCK):
     apart); the passes read from the scratch."""
     scratch = launch.scratch_for(inp["logits"], cap, block)
     got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=cap, block=block, scratch=scratch).cpu()
-    args = [inp[k].cpu() for k in SAMPLE_KEYS]
-    want = heads.SampleRows()(*args)
-    u = rng.uniform(args[5], args[1], rng.SAMPLE)
-    close = legal.close_rows(args[0], args[2], args[3], args[4], u)
-    bad = (got != want) & ~close
-    assert not bool(bad.any()), (f"rows {torch.nonzero(bad).flatten().tolist()}: kernel {got[bad].tolist()}, "
-                                 f"reference {want[bad].tolist()}")
+    check_samples(inp, got)
     passes = torch.tensor([scratch.stats(r)["passes"] for r in range(got.shape[0])])
     return got, passes
 
@@ -197,9 +192,4 @@ def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
                "temperature": torch.tensor([p[0] for p in picked]), "top_k": torch.tensor([p[1] for p in picked]),
                "top_p": torch.tensor([p[2] for p in picked]), "seed": torch.randint(0, 1 << 62, (n,), generator=g)}
         inp = {k: v.to(DEVICE) for k, v in inp.items()}
-        got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK)
-        args = [inp[k].cpu() for k in VERIFY_KEYS]
-        want = heads.DFlashVerify()(*args)
-        close = legal.close_owners(*args)
-        differ = (got[0].cpu() != want[0]) | (got[1].cpu() != want[1])
-        assert not bool((differ & ~close).any()), torch.nonzero(differ & ~close).flatten().tolist()
+        check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK))

@@ -12,9 +12,10 @@ import itertools
 import pytest
 import torch
 from conftest import DEVICE
+from kernel_parity import check_samples, check_verify
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
-from dflash_et.export import cases, heads, legal, rng
+from dflash_et.export import cases
 from dflash_et.export import owners as owners_layout
 from dflash_et.kernels import launch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
@@ -29,29 +30,6 @@ def _to(inp):
     return {k: v.to(DEVICE) for k, v in inp.items()}
 
 
-def _check_samples(inp, got):
-    want = heads.SampleRows()(*[inp[k].cpu() for k in SAMPLE_KEYS])
-    u = rng.uniform(inp["seed"].cpu(), inp["position"].cpu(), rng.SAMPLE)
-    close = legal.close_rows(inp["logits"].cpu(), inp["temperature"].cpu(), inp["top_k"].cpu(),
-                             inp["top_p"].cpu(), u)
-    differ = got.cpu() != want
-    assert not bool((differ & ~close).any()), (
-        f"rows {torch.nonzero(differ & ~close).flatten().tolist()}: kernel {got.cpu()[differ & ~close].tolist()}, "
-        f"reference {want[differ & ~close].tolist()}")
-    return int(close.sum())
-
-
-def _check_verify(inp, got, greedy=False):
-    args = [inp[k].cpu() for k in VERIFY_KEYS]
-    want = heads.DFlashVerifyArgmax()(*args[:3]) if greedy else heads.DFlashVerify()(*args)
-    close = torch.zeros_like(want[0], dtype=torch.bool) if greedy else legal.close_owners(*args)
-    differ = (got[0].cpu() != want[0]) | (got[1].cpu() != want[1])
-    assert not bool((differ & ~close).any()), (
-        f"owners {torch.nonzero(differ & ~close).flatten().tolist()} offsets {args[2].tolist()}: "
-        f"kernel {got[0].tolist()} {got[1].tolist()}, reference {want[0].tolist()} {want[1].tolist()}")
-    return int(close.sum())
-
-
 # (vocab, candidate cap, filtered block): small caps and blocks make the lists short, so that
 # rows take the sample select's passes.
 @pytest.mark.parametrize("vocab,cap,block", [(1, None, None), pytest.param(7, None, None, marks=pytest.mark.quick), (40, None, None),
@@ -62,7 +40,7 @@ def test_sample_rows_matches_reference(vocab, cap, block):
     for _ in range(4):
         inp = _to(cases.sample_case(g, vocab, 24, torch.float32))
         got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=cap, block=block)
-        close += _check_samples(inp, got)
+        close += check_samples(inp, got)
         rows += got.shape[0]
     assert close <= rows // 4 + 2
 
@@ -71,7 +49,7 @@ def test_sample_rows_matches_reference(vocab, cap, block):
 def test_sample_rows_half_precision(dtype):
     g = torch.Generator().manual_seed(3)
     inp = _to(cases.sample_case(g, 64, 24, dtype))
-    _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS]))
+    check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS]))
 
 
 @pytest.mark.parametrize("vocab,cap,block", [(5, None, None), (40, None, None),
@@ -81,7 +59,7 @@ def test_verify_matches_reference(vocab, cap, block):
     for _ in range(8):
         inp = _to(cases.verify_case(g, vocab, 40, 8, torch.float32))
         got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=cap, block=block)
-        _check_verify(inp, got)
+        check_verify(inp, got)
 
 
 def test_temperature_rows_over_many_online_max_steps():
@@ -99,7 +77,7 @@ def test_temperature_rows_over_many_online_max_steps():
                                    {k: inp[k] for k in VERIFY_KEYS[3:]}, 120)
         inp = _to(inp)
         got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=16)
-        _check_verify(inp, got)
+        check_verify(inp, got)
         accepted += int(got[0].sum())
     assert accepted >= 5  # planted drafts were accepted: the match test was exercised
 
@@ -124,7 +102,7 @@ def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
                 x[r, 16 * c:16 * c + 16] = float("-inf")
         inp = _to(inp)
         got = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=16)
-        _check_verify(inp, got)
+        check_verify(inp, got)
         chunks |= set((got[1][got[1] >= 0] // 32).tolist())
     assert len(chunks) == 8
 
@@ -146,13 +124,13 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
             if kind[r] > 0:
                 inp["logits"][r, where[r]] = (float("nan"), float("inf"), float("-inf"))[int(kind[r]) - 1]
         inp = _to(inp)
-        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=block))
+        check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], block=block))
         sample = {"logits": inp["logits"], "position": torch.arange(rows, device=DEVICE)}
         owner_of_row = torch.bucketize(torch.arange(rows), inp["offsets"][1:].cpu(), right=True).clamp(
             max=inp["temperature"].shape[0] - 1).to(DEVICE)
         for key in ("temperature", "top_k", "top_p", "seed"):
             sample[key] = inp[key][owner_of_row]
-        _check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
+        check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
 
 
 @pytest.mark.parametrize("mark", [record.PASS_ROW.value, record.FILTERED_ROW.value])
@@ -170,7 +148,7 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark):
         inp["top_k"] = torch.full((owners,), 5, dtype=torch.int64, device=DEVICE)  # filtered rows too
         scratch = launch.scratch_for(inp["logits"])
         scratch.work.fill_(mark)
-        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
+        check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
         first_word = scratch.results()[:, 0]
         used = owners_layout.pack_pairs(inp["offsets"].cpu(), inp["logits"].shape[0]).used
         assert bool((first_word[~used] == record.UNUSED_SLOT.value).all()), first_word.tolist()
@@ -199,8 +177,8 @@ def test_verify_with_more_owners_than_one_layout_step(monkeypatch):
                "tokens": torch.randint(0, vocab, (num_rows,), generator=g), "offsets": offsets,
                **cases.owner_params(g, owners, vocab)}
         inp = _to(inp)
-        _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
-        _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+        check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
+        check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
         if case == 1:  # (the case holds what it says: owners with rows that are not admitted)
             assert bool(((n[31:] > 0) & (owners_layout.pack_pairs(offsets, num_rows).rows[31:] == 0)).any())
 
@@ -212,7 +190,7 @@ def test_verify_argmax_matches_reference():
         for _ in range(10):
             inp = _to(cases.verify_case(g, 33, 40, 8, dtype, greedy_only=True))
             got = torch.ops.dflash.dflash_verify_argmax(inp["logits"], inp["tokens"], inp["offsets"])
-            _check_verify(inp, got, greedy=True)
+            check_verify(inp, got, greedy=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -233,7 +211,7 @@ def test_flat_and_tied_rows_cut_inside_their_ties(dtype):
         "top_p": torch.tensor([0.9033, 0.7071, 1.0, 0.5123, 1.0, 0.3, 0.99, 0.8, 0.6, 1e-3, 0.75, 0.5]),
         "seed": torch.arange(n) + 5,
     })
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    assert check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -252,7 +230,7 @@ def test_a_sanitized_inf_is_cut_apart_from_the_largest_half_precision_value(dtyp
     inp = _to({"logits": logits.to(dtype), "position": torch.arange(n) * 3, "temperature": torch.full((n,), 0.8),
                "top_k": torch.full((n,), 20), "top_p": torch.tensor([0.55, 0.55, 0.35, 0.75, 0.55, 0.97]),
                "seed": torch.arange(n) + 9})
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    assert check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 def test_top_k_sets_hold_exactly_the_best_tokens():
@@ -265,7 +243,7 @@ def test_top_k_sets_hold_exactly_the_best_tokens():
     inp = _to({"logits": logits, "position": torch.arange(n) * 7, "temperature": torch.full((n,), 1e3),
                "top_k": torch.tensor([1, 2, 3, 5, 8, 7])[torch.arange(n) % 6],
                "top_p": torch.ones(n), "seed": torch.arange(n)})
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    assert check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 def test_filtered_rows_with_and_without_a_lane_bound():
@@ -287,11 +265,11 @@ def test_filtered_rows_with_and_without_a_lane_bound():
     top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.8, 0.9, 0.5, 0.9, 0.95, 1.0, 0.6, 0.0, 0.99, 1.0, 1.0])
     inp = _to({"logits": logits, "position": torch.arange(n) * 13, "temperature": torch.full((n,), 0.9),
                "top_k": top_k, "top_p": top_p, "seed": torch.arange(n) + 40})
-    assert _check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS])) <= 1
+    assert check_samples(inp, torch.ops.dflash.sample_rows(*[inp[k] for k in SAMPLE_KEYS])) <= 1
     # More tied candidates than the list holds (2 * BUF = 4096 at the default cap: the sample).
     tied = _to({"logits": torch.zeros(2, 5000), "position": torch.tensor([3, 4]), "temperature": torch.ones(2),
                 "top_k": torch.tensor([10, 4999]), "top_p": torch.tensor([1.0, 0.5]), "seed": torch.tensor([1, 2])})
-    assert _check_samples(tied, torch.ops.dflash.sample_rows(*[tied[k] for k in SAMPLE_KEYS])) == 0
+    assert check_samples(tied, torch.ops.dflash.sample_rows(*[tied[k] for k in SAMPLE_KEYS])) == 0
 
 
 def _long_list_rows(g, n, vocab, high, lanes, floor):
@@ -318,7 +296,7 @@ def test_long_top_p_lists():
     top_p = torch.tensor([0.05, 0.3, 0.5123, 0.71, 0.9, 0.97, 0.999, 0.99999, 0.25, 0.61, 0.83, 0.9931])
     inp = _to({"logits": logits, "position": torch.arange(n) * 5, "temperature": torch.full((n,), 0.7),
                "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p.repeat(2), "seed": torch.arange(n) + 70})
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    assert check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -341,10 +319,10 @@ def test_wide_top_p_nuclei(dtype):
     owners = _to({"logits": logits.to(dtype), "tokens": torch.randint(0, vocab, (n,), generator=g),
                   "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 7, "temperature": inp["temperature"],
                   "top_k": inp["top_k"], "top_p": top_p, "seed": inp["seed"]})
-    assert _check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
-    _check_verify(owners, verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS], cap=8, block=16))
+    assert check_samples(inp, sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    check_verify(owners, verify_kernel.launch(*[owners[k] for k in VERIFY_KEYS], cap=8, block=16))
     flat = dict(inp, logits=(torch.randn(n, vocab, generator=g) * 0.05).to(dtype).to(DEVICE))
-    assert _check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
+    assert check_samples(flat, sample_rows_kernel.launch(*[flat[k] for k in SAMPLE_KEYS], cap=8, block=16)) == 0
 
 
 def _spread_rows(g, rows, vocab, lanes_of):
@@ -398,7 +376,7 @@ def test_rows_whose_bound_takes_most_lanes_get_no_list():
                "start_position": torch.arange(n) * 11, "temperature": torch.full((n,), 0.8), "top_k": top_k,
                "top_p": top_p, "seed": torch.arange(n) + 130})
     scratch = launch.scratch_for(inp["logits"])
-    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch))
     for r in spread:
         assert scratch.stats(r)["count"] == -1 and scratch.stats(r)["passes"] > 0
     g = torch.Generator().manual_seed(43)
@@ -410,7 +388,7 @@ def test_rows_whose_bound_takes_most_lanes_get_no_list():
                "offsets": torch.arange(n + 1), "start_position": torch.arange(n) * 3,
                "temperature": torch.full((n,), 0.9), "top_k": torch.zeros(n, dtype=torch.int64), "top_p": top_p,
                "seed": torch.arange(n) + 150})
-    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
 
 
 @pytest.mark.parametrize("step", [16, 32])
@@ -442,7 +420,7 @@ def test_verify_bounds_top_p_rows_from_the_lanes_its_first_launch_stored(step, m
             steps[kw["FILTERED"]] = kw["BLOCK"]
 
     _spy_on_launches(monkeypatch, seen)
-    _check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=8, block=16))
     assert steps == {False: step, True: step}
 
 
@@ -457,8 +435,8 @@ def test_overlapping_and_invalid_owners():
                    "start_position": torch.arange(o), "temperature": torch.tensor([0.0, 0.9, 1.1, 0.5][:o]),
                    "top_k": torch.tensor([0, 3, 0, 5][:o]), "top_p": torch.tensor([1.0, 0.8, 0.9, 1.0][:o]),
                    "seed": torch.arange(o) + 1})
-        _check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
-        _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+        check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
+        check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
 
 
 def test_kernel_against_the_oracle_directly():
@@ -527,12 +505,12 @@ def test_verify_decides_every_row_kind_under_every_mode():
     modes (temperature only, top-p 0.9-0.99, top-k 1 to V, top-k + top-p, greedy), one owner
     each, bfloat16: the reference's tokens, apart from SPEC.md's legal bands."""
     inp = _kinds_case(51)
-    _check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
-    _check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
+    check_verify(inp, torch.ops.dflash.dflash_verify(*[inp[k] for k in VERIFY_KEYS]))
+    check_verify(inp, torch.ops.dflash.dflash_verify_argmax(*[inp[k] for k in VERIFY_KEYS[:3]]), greedy=True)
 
 
 def test_sample_rows_decides_every_row_kind_under_every_mode():
     inp = _kinds_case(52)
     sample = {"logits": inp["logits"], "position": inp["start_position"] + 1, **{
         k: inp[k] for k in ("temperature", "top_k", "top_p", "seed")}}
-    _check_samples(sample, torch.ops.dflash.sample_rows(*[sample[k] for k in SAMPLE_KEYS]))
+    check_samples(sample, torch.ops.dflash.sample_rows(*[sample[k] for k in SAMPLE_KEYS]))
