@@ -52,9 +52,9 @@ sums in another order, SPEC.md's legal difference.
 import triton
 import triton.language as tl
 
-from .common import key_value, sanitize, scaled_weight, weight_scale
-from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack
-from .scratch import (S_BRACKETS, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut,
+from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
+from .scratch import (S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut,
                       load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
@@ -65,6 +65,8 @@ MIN_POINTS = tl.constexpr(4)  # fewer sample points than this in the region: spl
 BRACKETS = tl.constexpr(3)  # bracket passes per row before the splits
 ROUNDS = tl.constexpr(160)  # a guard on the loop (the bound above is far below: never reached)
 PASS_STAGES = tl.constexpr(2)
+SEARCH_STEPS = tl.constexpr(8)  # pass steps per chunk of `_search_pass` (one block-wide reduction each)
+PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
 
@@ -113,47 +115,99 @@ def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
 
 
 @triton.jit
-def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, BLOCK: tl.constexpr):
+def _threshold_step(row_ptr, offs, vocab, x_max, scale, t0, t1, t2, t3, fill_ptr, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+                    m2, m3, mf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
+    """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the row
+    loads without a mask)."""
+    VEC: tl.constexpr = offs.shape[1]
+    column = tl.arange(0, VEC)[None, :]
+    if MASKED:
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+    else:
+        x = sanitize(tl.load(row_ptr + offs))
+    key = ordered_key(x)
+    p = pack_key(key, offs)  # (-inf above no threshold: `_threshold_pass` raised them)
+    w = scaled_weight(x, x_max, scale)  # (0 for -inf)
+    a0 = p > t0
+    a1 = p > t1
+    a2 = p > t2
+    a3 = p > t3
+    n0 += tl.sum(a0.to(tl.int32), 1)
+    n1 += tl.sum(a1.to(tl.int32), 1)
+    n2 += tl.sum(a2.to(tl.int32), 1)
+    n3 += tl.sum(a3.to(tl.int32), 1)
+    nf += tl.sum((x > float("-inf")).to(tl.int32), 1)
+    m0 += tl.sum(tl.where(a0, w, 0.0), 1).to(tl.float64)
+    m1 += tl.sum(tl.where(a1, w, 0.0), 1).to(tl.float64)
+    m2 += tl.sum(tl.where(a2, w, 0.0), 1).to(tl.float64)
+    m3 += tl.sum(tl.where(a3, w, 0.0), 1).to(tl.float64)
+    mf += tl.sum(w, 1).to(tl.float64)
+    low = tl.minimum(low, tl.min(tl.where(x > float("-inf"), key, 2147483647), 1))
+    member = a2 & ~a1
+    claimed = tl.sum(member.to(tl.int32), 1)
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+    for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
+        m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
+        tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
+        at += m_v.to(tl.int32)
+    return n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low
+
+
+@triton.jit
+def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr):
     """One pass over the row: for each of the 4 packed thresholds in the row's stats
     (S_THRESHOLDS, descending), the count and mass of the finite tokens above it; the
-    tokens between thresholds 2 and 1 (t2 < p <= t1) stored in the list (the first LIST of
-    them, in index order). Returns ([4] counts, [4] masses, the lowest finite token, packed:
-    INT64_MAX for none, the row's finite tokens and their mass). The thresholds come from
-    scratch: they pick the list's slots (the package docstring's rule for torch's mutation
-    analysis)."""
+    tokens between thresholds 2 and 1 (t2 < p <= t1) stored in the list (the first LIST to
+    claim a slot, in no order: each lane claims its slots with an atomic add on S_FILL, so the
+    loop has no block-wide reduction or scan). Returns ([4] counts, [4] masses, a packed value just
+    above none and at or below every finite token (key << 32; INT64_MAX for none), the row's
+    finite tokens and their mass).
+
+    Few instructions per logit, as `sampling_rule.lane_stats` (the pass is bound by the ALU
+    pipe, not by bytes): PASS_LANES lanes of VEC logits a step (16 bytes, one thread each),
+    every per-lane sum inside its thread (VEC float32 weights summed, then widened once a
+    lane and step), 4 thresholds as 4 scalars (a [lanes, VEC, 4] tensor spread them over
+    threads: ~250 instructions a logit on sm_90), steps whole inside the row without a mask,
+    the thresholds raised to at least every -inf token's packed value (the same finite
+    tokens above each; no -inf above any). The thresholds come from scratch: they pick the
+    list's slots (the package docstring's rule for torch's mutation analysis)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    LANES: tl.constexpr = BLOCK // VEC
-    t = tl.load(stats_ptr + S_THRESHOLDS + tl.arange(0, 4))
-    t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)
-    t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
-    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    above_n = tl.zeros((LANES, 4), dtype=tl.int32)
-    above_m = tl.zeros((LANES, 4), dtype=tl.float64)
-    finite_n = tl.zeros((LANES,), dtype=tl.int32)
-    finite_m = tl.zeros((LANES,), dtype=tl.float64)
-    lowest = tl.full((LANES, VEC), INT64_MAX, dtype=tl.int64)
-    count = tl.zeros((), dtype=tl.int32)
-    for start in tl.range(0, vocab, BLOCK, num_stages=PASS_STAGES):
-        offs = start + grid
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
-        finite = x > float("-inf")
-        p = pack(x, offs)
-        w = scaled_weight(x, x_max, scale)
-        above = finite[:, :, None] & (p[:, :, None] > t[None, None, :])
-        above_n += tl.sum(above.to(tl.int32), 1)
-        above_m += tl.sum(tl.where(above, w[:, :, None], 0.0), 1).to(tl.float64)  # (VEC float32 weights a lane)
-        finite_n += tl.sum(finite.to(tl.int32), 1)
-        finite_m += tl.sum(tl.where(finite, w, 0.0), 1).to(tl.float64)
-        lowest = tl.minimum(lowest, tl.where(finite, p, INT64_MAX))
-        member = (finite & (p > t2) & (p <= t1)).to(tl.int32)
-        per_lane = tl.sum(member, 1)
-        taken = tl.sum(per_lane, 0)
-        if taken > 0:
-            at = count + (tl.cumsum(per_lane, 0) - per_lane)[:, None] + tl.cumsum(member, 1) - member
-            tl.store(list_ptr + at, p, mask=(member > 0) & (at < LIST))
-            count += taken
-    return (tl.sum(above_n, 0).to(tl.int64), tl.sum(above_m, 0), tl.min(tl.min(lowest, 1), 0),
-            tl.sum(finite_n, 0).to(tl.int64), tl.sum(finite_m, 0))
+    STEP: tl.constexpr = PASS_LANES * VEC
+    lowest_inf = pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32))
+    t0 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS), lowest_inf)
+    t1 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 1), lowest_inf)
+    t2 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 2), lowest_inf)
+    t3 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 3), lowest_inf)
+    grid = tl.arange(0, PASS_LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    n0 = tl.zeros((PASS_LANES,), dtype=tl.int32)
+    n1 = tl.zeros((PASS_LANES,), dtype=tl.int32)
+    n2 = tl.zeros((PASS_LANES,), dtype=tl.int32)
+    n3 = tl.zeros((PASS_LANES,), dtype=tl.int32)
+    nf = tl.zeros((PASS_LANES,), dtype=tl.int32)
+    m0 = tl.zeros((PASS_LANES,), dtype=tl.float64)
+    m1 = tl.zeros((PASS_LANES,), dtype=tl.float64)
+    m2 = tl.zeros((PASS_LANES,), dtype=tl.float64)
+    m3 = tl.zeros((PASS_LANES,), dtype=tl.float64)
+    mf = tl.zeros((PASS_LANES,), dtype=tl.float64)
+    low = tl.full((PASS_LANES,), 2147483647, dtype=tl.int32)
+    fill = stats_ptr + S_FILL
+    whole = vocab // STEP * STEP
+    for start in tl.range(0, whole, STEP, num_stages=PASS_STAGES):
+        n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low = _threshold_step(
+            row_ptr, start + grid, vocab, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+            m2, m3, mf, low, LIST, False)
+    if whole < vocab:
+        n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low = _threshold_step(
+            row_ptr, whole + grid, vocab, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+            m2, m3, mf, low, LIST, True)
+    q = tl.arange(0, 4)
+    above_n = tl.where(q == 0, tl.sum(n0, 0), tl.where(q == 1, tl.sum(n1, 0),
+                                                        tl.where(q == 2, tl.sum(n2, 0), tl.sum(n3, 0))))
+    above_m = tl.where(q == 0, tl.sum(m0, 0), tl.where(q == 1, tl.sum(m1, 0),
+                                                        tl.where(q == 2, tl.sum(m2, 0), tl.sum(m3, 0))))
+    n_finite = tl.sum(nf, 0)
+    lowest = tl.where(n_finite > 0, tl.min(low, 0).to(tl.int64) << 32, INT64_MAX)
+    return above_n.to(tl.int64), above_m, lowest, n_finite.to(tl.int64), tl.sum(mf, 0)
 
 
 @triton.jit
@@ -231,27 +285,53 @@ def _split(top, bot, vocab):
 
 
 @triton.jit
-def _search_pass(row_ptr, vocab, x_max, scale, t, cut, BLOCK: tl.constexpr):
+def _kept_weights(row_ptr, vocab, x_max, scale, cut, offs):
+    """The float32 weights of the logits at offs, 0 outside the kept set {p >= cut}."""
+    x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+    return tl.where((x > float("-inf")) & (pack(x, offs) >= cut), scaled_weight(x, x_max, scale), 0.0)
+
+
+@triton.jit
+def _search_pass(row_ptr, vocab, x_max, scale, t, cut):
     """SPEC.md step 7 over the kept set {p >= cut}: the smallest index whose inclusive prefix
-    mass in index order exceeds t, else the largest kept index of positive weight. A step's
-    weights are summed in float32 (widened); only the step where the prefix crosses t runs
-    the float64 cumsum. Stops at the crossing."""
+    mass in index order exceeds t, else the largest kept index of positive weight. The row in
+    chunks of SEARCH_STEPS steps of PASS_LANES lanes (as `_threshold_pass`: per-lane sums, VEC
+    float32 weights summed then widened, no block-wide reduction inside a chunk), one reduction
+    a chunk; the chunk where the prefix crosses t read again a step at a time, and the step
+    where it crosses by a float64 prefix of its weights. Stops at the crossing."""
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    STEP: tl.constexpr = PASS_LANES * VEC
+    grid = tl.arange(0, PASS_LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     prefix = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
-    last = tl.zeros((), dtype=tl.int64) - 1
     start = tl.zeros((), dtype=tl.int32)
     while (token < 0) & (start < vocab):
-        offs = start + tl.arange(0, BLOCK)
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
-        e = tl.where((x > float("-inf")) & (pack(x, offs) >= cut), scaled_weight(x, x_max, scale), 0.0)
-        step = tl.sum(e, 0).to(tl.float64)
-        if prefix + step > t:
-            found = tl.min(tl.where(prefix + tl.cumsum(e.to(tl.float64), 0) > t, offs, vocab), 0)
-            token = tl.where(found < vocab, found.to(tl.int64), token)
-        last = tl.maximum(last, tl.max(tl.where(e > 0, offs, -1), 0).to(tl.int64))
-        prefix += step
-        start += BLOCK
-    return tl.where(token >= 0, token, last)
+        lanes = tl.zeros((PASS_LANES,), dtype=tl.float64)
+        for k in tl.range(0, SEARCH_STEPS, num_stages=PASS_STAGES):
+            lanes += tl.sum(_kept_weights(row_ptr, vocab, x_max, scale, cut, start + k * STEP + grid), 1).to(tl.float64)
+        if prefix + tl.sum(lanes, 0) > t:  # the crossing is in this chunk: its steps again, one at a time
+            k = 0
+            while (token < 0) & (k < SEARCH_STEPS):
+                offs = start + k * STEP + grid
+                e = _kept_weights(row_ptr, vocab, x_max, scale, cut, offs).to(tl.float64)
+                lane_e = tl.sum(e, 1)
+                step = tl.sum(lane_e, 0)
+                if prefix + step > t:  # inclusive prefixes: the lanes' before each, then along the lane
+                    inclusive = prefix + (tl.cumsum(lane_e, 0) - lane_e)[:, None] + tl.cumsum(e, 1)
+                    found = tl.min(tl.min(tl.where(inclusive > t, offs, vocab), 1), 0)
+                    token = tl.where(found < vocab, found.to(tl.int64), token)
+                prefix += step
+                k += 1
+        else:
+            prefix += tl.sum(lanes, 0)
+        start += SEARCH_STEPS * STEP
+    if token < 0:  # rounding left no prefix above t: the largest kept index of positive weight
+        last = tl.full((PASS_LANES, VEC), -1, dtype=tl.int32)
+        for base in range(0, vocab, STEP):
+            offs = base + grid
+            last = tl.maximum(last, tl.where(_kept_weights(row_ptr, vocab, x_max, scale, cut, offs) > 0, offs, -1))
+        token = tl.max(tl.max(last, 1), 0).to(tl.int64)
+    return token
 
 
 @triton.jit
@@ -362,6 +442,7 @@ def _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.constexpr):
     else:
         t = _split(top, bot, vocab)
     tl.store(stats_ptr + S_THRESHOLDS + tl.arange(0, 4), t)
+    tl.store(stats_ptr + S_FILL, 0)  # (the pass's lanes claim list slots from it)
 
 
 @triton.jit
@@ -408,7 +489,7 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
 
 @triton.jit
 def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, listed, bound, list_ptr, stats_ptr,
-                 BLOCK: tl.constexpr, BUF: tl.constexpr):
+                 BUF: tl.constexpr):
     """The token of a top-k / top-p row (temperature > 0, a finite logit) by the module
     docstring's rounds. x_max: the row's max; mass: S (top-p alone; unread with top-k);
     listed: the candidates `filtered.collect` left in the list at list_ptr (every finite token
@@ -441,7 +522,7 @@ def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, list
             _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
             tl.debug_barrier()  # (stored by other threads)
             above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr,
-                                                                           list_ptr, LIST, BLOCK)
+                                                                           list_ptr, LIST)
             tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
             _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
     token = zero + UNDECIDED
@@ -451,6 +532,6 @@ def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, list
             n, _, _, _, _, _, _ = load_list(stats_ptr)
             token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
         else:
-            token = _search_pass(row_ptr, vocab, x_max, scale, u.to(tl.float64) * s_kept, cut, BLOCK)
+            token = _search_pass(row_ptr, vocab, x_max, scale, u.to(tl.float64) * s_kept, cut)
             tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
     return token

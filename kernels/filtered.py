@@ -278,5 +278,5 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
         if SELECT:
             if token == UNDECIDED:
                 token = select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, count,
-                                     tl.load(stats_ptr + S_BOUND), buf_ptr, stats_ptr, BLOCK, BUF)
+                                     tl.load(stats_ptr + S_BOUND), buf_ptr, stats_ptr, BUF)
     return token

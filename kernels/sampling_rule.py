@@ -50,7 +50,8 @@ def pack(x, offs):
 @triton.jit
 def pack_key(key, index):
     """`pack` of an int32 `ordered_key`."""
-    return (key.to(tl.int64) << 32) | (0xFFFFFFFF - index.to(tl.int64))
+    return (key.to(tl.int64) << 32) | (~index.to(tl.int32)).to(tl.uint32, bitcast=True).to(tl.int64)  # (a 32-bit
+    # NOT zero-extended: 0xFFFFFFFF - index, without 64-bit arithmetic per logit)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton.language as tl
 
 HOT_WORDS = tl.constexpr(256)  # 512 int32 lanes: `launch.LIGHT_BYTES` * 8 / `sampling_rule.LANE_BITS`
 RESULTS = tl.constexpr(4)
-STATS = tl.constexpr(34)
+STATS = tl.constexpr(35)
 PREFIX_SPLITS = 8  # chunks of a temperature-only row whose end prefix masses it keeps (`launch.prefix_chunks`)
 
 # RESULTS words of a decided row (`store_results`) ...
@@ -82,11 +82,12 @@ S_HAVE_LIST = tl.constexpr(30)  # 1: the list holds the cut's region (a list rou
 S_BRACKETS = tl.constexpr(31)  # bracket passes so far
 S_SORTED = tl.constexpr(32)  # the entries of this round's sorted list
 S_FINITE_N = tl.constexpr(33)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
+S_FILL = tl.constexpr(34)  # the entries a pass has listed so far (its lanes' atomic adds)
 STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
               "threshold_1", "threshold_2", "threshold_3", "list_n", "list_lo", "list_hi", "list_above_hi",
               "list_mass_above_hi_bits", "list_above_lo", "list_mass_above_lo_bits", "cut", "cut_mass_bits",
               "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
-              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n")
+              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill")
 assert len(STAT_NAMES) == STATS.value
 
 
