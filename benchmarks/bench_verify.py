@@ -200,12 +200,13 @@ DEVICE = "cuda"  # (tests/benchmarks runs the table's plumbing on the CPU)
 TARGETS = {"bf16": 4.0, "fp32": 5.0, "greedy": 1.15, "temperature": 1.5, "sample_rows": 2.0}  # issue #25
 
 
-def kinds_table(say, bw: float, dtypes) -> None:
+def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
     """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
     through dflash_verify, as a mixed batch runs it): x floor per cell, the worst kind per
     mode; then sample_rows on 64 rows of each kind against one torch.amax read of the same
-    rows; then the worst cases against issue #25's targets."""
+    rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
+    mode's worst cell's launches timed one by one (torch.profiler), after each table."""
     owners, vocab = KINDS_SHAPE
     rows = owners * ROWS_PER_OWNER
     modes = cases.kind_modes(vocab)
@@ -231,6 +232,7 @@ def kinds_table(say, bw: float, dtypes) -> None:
         say()
         say("| mode | " + " | ".join(kinds) + " | worst |")
         say("|---" * (len(kinds) + 2) + "|")
+        slowest = {}  # mode -> its worst kind
         for mode in modes:
             cells = {}
             for kind in kinds:
@@ -242,6 +244,16 @@ def kinds_table(say, bw: float, dtypes) -> None:
                     note((mode.split()[0], name), cells[kind], mode, kind)
             top = max(cells, key=cells.get)
             say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
+            slowest[mode] = top
+        if per_kernel:
+            say()
+            say(f"Per-kernel CUDA time of each mode's worst cell, {name} (torch.profiler), us per call:")
+            say()
+            for mode, kind in slowest.items():
+                argsets = [[c[k] for k in KEYS] for c in (inputs(kind, rows, dtype, mode) for _ in range(copies))]
+                times = breakdown(torch.ops.dflash.dflash_verify, argsets)
+                say(f"- {mode}, {kind}: " + ", ".join(f"{k[:40]} {us:.1f}" for k, us in times))
+                del argsets
 
     say()
     say("sample_rows, 64 rows, V = 151936, bfloat16: time / one torch.amax read of the same rows (graph-captured)")
@@ -295,7 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="headline shapes only (64 owners, V=151936)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--breakdown", action="store_true",
-                    help="per-kernel CUDA times of the fused heads at 64 owners x 16 rows, V=151936")
+                    help="per-kernel CUDA times of the fused heads at 64 owners x 16 rows, V=151936 (with --kinds: "
+                         "of each mode's worst cell)")
     ap.add_argument("--compile-reference", action="store_true",
                     help="also torch.compile the unrolled reference (slow to compile)")
     ap.add_argument("--once", metavar="MODE", choices=list(MODES),
@@ -337,7 +350,7 @@ def main(argv=None) -> int:
     say("  launch among them); launched us: the same op called from Python (do_bench)")
     say()
     if args.kinds:
-        kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32])
+        kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32], args.breakdown)
         if args.out:
             with open(args.out, "w") as fh:
                 fh.write("\n".join(lines) + "\n")

@@ -44,3 +44,33 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
     assert worst["| dflash_verify bfloat16, every mode"].endswith("| 3.00x | top-p 0.99, flat | <= 4.0x met |")
     assert worst["| dflash_verify bfloat16, greedy"].endswith("| 1.00x | greedy, peaked | <= 1.15x met |")
     assert worst["| sample_rows bfloat16 (x one amax read)"].endswith("| <= 2.0x met |")
+
+
+def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
+    def fake_graph_ms(fn, argsets):  # top-p 0.99 on power-law rows the slowest of its mode
+        verify = fn is torch.ops.dflash.dflash_verify
+        return 2.0 if verify and made[-1] == "power-law" and bool((argsets[0][6] == 0.99).all()) else 1.0
+
+    made, broken_down = [], []
+    real_kind_logits = cases.kind_logits
+
+    def kind_logits(g, kind, *args):
+        made.append(kind)
+        return real_kind_logits(g, kind, *args)
+
+    def fake_breakdown(fn, argsets):
+        broken_down.append((made[-1], round(float(argsets[0][6][0]), 4)))
+        return [("verify_filtered_kernel", 12.5), ("verify_rows_kernel", 3.0)]
+
+    monkeypatch.setattr(cases, "kind_logits", kind_logits)
+    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
+    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
+    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    monkeypatch.setattr(bench_verify, "breakdown", fake_breakdown)
+    lines = []
+    bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16],
+                             per_kernel=True)
+    assert len(broken_down) == len(cases.kind_modes(64))  # one cell a mode: its worst kind
+    assert ("power-law", 0.99) in broken_down
+    assert "- top-p 0.99, power-law: verify_filtered_kernel 12.5, verify_rows_kernel 3.0" in lines
