@@ -24,15 +24,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
-from dflash_et.kernels import cached_attention, delta_rows, greedy_rows, sample_rows, verify
-from dflash_et.kernels.launch import decide_config, filtered_rows_config, launch_config, prefix_chunks, split_rows
+from dflash_et.kernels import cached_attention, cut_select, delta_rows, greedy_rows, sample_rows, verify
+from dflash_et.kernels.launch import (SELECT_WARPS, decide_config, filtered_rows_config, launch_config, prefix_chunks,
+                                      select_config, split_rows)
 from dflash_et.kernels.scratch import scratch_width
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALIGNED = ("stride", "vocab", "chunk")
+ALIGNED = ("stride", "vocab", "chunk", "select_chunk")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only
+LAST_ERROR = []  # (the failures, for a debugging session)
 CONSTANTS = {}  # --const-vocab
 TTIR_ONLY = False  # --ttir
 LOGITS = ("*bf16", 2), ("*fp16", 2), ("*fp32", 4)
@@ -78,6 +80,18 @@ def ttir_ops(source: ASTSource, warps: int) -> int:
     return ops
 
 
+# the sample select's launches as the heads make them: (STAGE, INLINE, warps; None: the filtered config's)
+SELECT_STAGES = ((cut_select.SELECT_BEGIN.value, False, None), (cut_select.SELECT_ROUNDS.value, False, None),
+                 (cut_select.SELECT_ROUNDS.value, True, None), (cut_select.SELECT_PASS.value, False, SELECT_WARPS),
+                 (cut_select.SELECT_SEARCH.value, False, SELECT_WARPS))
+
+
+def stage_label(stage: int, inline: bool) -> str:
+    name = {cut_select.SELECT_BEGIN.value: "begin", cut_select.SELECT_ROUNDS.value: "rounds",
+            cut_select.SELECT_PASS.value: "pass", cut_select.SELECT_SEARCH.value: "search"}[stage]
+    return name + " inline" if inline else name
+
+
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False,
                 types: dict | None = None) -> bool:
     """`types`: argument types that differ from the defaults below (by name)."""
@@ -110,7 +124,7 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
             return True
         kernel = triton.compile(source, target=TARGET, options={"num_warps": warps})
     except Exception as e:  # report every failing variant, then fail
-        print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}")
+        print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}"); LAST_ERROR.append(e)
         return False
     ptx = kernel.asm["ptx"]
     copies = ptx.count("cp.async.ca") + ptx.count("cp.async.cg") + ptx.count("cp.async.bulk")
@@ -170,9 +184,12 @@ def main(argv=None) -> int:
                      BLOCK_O=verify.BLOCK_O, BLOCK_J=verify.BLOCK_J), decide.warps, greedy)
         ok &= compile_one(f"greedy_rows {logits}", greedy_rows.greedy_rows_kernel, logits,
                           dict(BLOCK=decide.block, STAGES=decide.stages), decide.warps)
-        ok &= compile_one(
-            f"verify_filtered {logits}", verify.verify_filtered_kernel, logits,
-            dict(BLOCK=heavy.block, BUF=heavy.buf, WORK=work), heavy.warps)
+        _, select_lanes = select_config(args.vocab, itemsize)
+        for stage, inline, warps in SELECT_STAGES:
+            ok &= compile_one(
+                f"verify_filtered {logits} {stage_label(stage, inline)}", verify.verify_filtered_kernel, logits,
+                dict(BLOCK=heavy.block, BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes),
+                warps or heavy.warps)
         ok &= compile_one(f"sample_rows chunk {logits}", sample_rows.chunk_kernel, logits,
                           dict(SPLITS=splits, BLOCK=light.block, BUF=heavy.buf, WORK=work, STAGES=light.stages),
                           light.warps)
@@ -180,6 +197,10 @@ def main(argv=None) -> int:
             ok &= compile_one(
                 f"sample_rows {logits} filtered={filtered}", sample_rows.sample_rows_kernel, logits,
                 dict(FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=work, SPLITS=splits), cfg.warps)
+        for stage, inline, warps in SELECT_STAGES[1:]:  # (the FILTERED instance above begins the select)
+            ok &= compile_one(
+                f"sample_select {logits} {stage_label(stage, inline)}", sample_rows.sample_select_kernel, logits,
+                dict(BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes), warps or heavy.warps)
         # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head)
         for heads in (16, 32):
             meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,

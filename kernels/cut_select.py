@@ -54,8 +54,9 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
-from .scratch import (S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_PASSES, S_SORTED, S_THRESHOLDS, UNDECIDED, load_cut,
-                      load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
+from .scratch import (PART_WORDS, PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST,
+                      S_PASSES, S_PHASE, S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut,
+                      load_f64, load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -66,6 +67,11 @@ BRACKETS = tl.constexpr(3)  # bracket passes per row before the splits
 ROUNDS = tl.constexpr(160)  # a guard on the loop (the bound above is far below: never reached)
 PASS_STAGES = tl.constexpr(2)
 SEARCH_STEPS = tl.constexpr(8)  # pass steps per chunk of `_search_pass` (one block-wide reduction each)
+# the stages of the select, one a launch (each head's select kernel takes one as STAGE)
+SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then its first rounds
+SELECT_ROUNDS = tl.constexpr(1)  # `select_rounds`
+SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a row
+SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
@@ -115,14 +121,14 @@ def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
 
 
 @triton.jit
-def _threshold_step(row_ptr, offs, vocab, x_max, scale, t0, t1, t2, t3, fill_ptr, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, list_ptr, n0, n1, n2, n3, nf, m0, m1,
                     m2, m3, mf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
-    """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the row
-    loads without a mask)."""
+    """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the range
+    loads without a mask; MASKED: the logits below hi only)."""
     VEC: tl.constexpr = offs.shape[1]
     column = tl.arange(0, VEC)[None, :]
     if MASKED:
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
     else:
         x = sanitize(tl.load(row_ptr + offs))
     key = ordered_key(x)
@@ -154,8 +160,8 @@ def _threshold_step(row_ptr, offs, vocab, x_max, scale, t0, t1, t2, t3, fill_ptr
 
 
 @triton.jit
-def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr):
-    """One pass over the row: for each of the 4 packed thresholds in the row's stats
+def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+    """One pass over the row's logits [lo, hi): for each of the 4 packed thresholds in the row's stats
     (S_THRESHOLDS, descending), the count and mass of the finite tokens above it; the
     tokens between thresholds 2 and 1 (t2 < p <= t1) stored in the list (the first LIST to
     claim a slot, in no order: each lane claims its slots with an atomic add on S_FILL, so the
@@ -164,7 +170,7 @@ def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.
     finite tokens and their mass).
 
     Few instructions per logit, as `sampling_rule.lane_stats` (the pass is bound by the ALU
-    pipe, not by bytes): PASS_LANES lanes of VEC logits a step (16 bytes, one thread each),
+    pipe, not by bytes): LANES lanes of VEC logits a step (16 bytes, one thread each),
     every per-lane sum inside its thread (VEC float32 weights summed, then widened once a
     lane and step), 4 thresholds as 4 scalars (a [lanes, VEC, 4] tensor spread them over
     threads: ~250 instructions a logit on sm_90), steps whole inside the row without a mask,
@@ -172,33 +178,33 @@ def _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr, list_ptr, LIST: tl.
     tokens above each; no -inf above any). The thresholds come from scratch: they pick the
     list's slots (the package docstring's rule for torch's mutation analysis)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    STEP: tl.constexpr = PASS_LANES * VEC
+    STEP: tl.constexpr = LANES * VEC
     lowest_inf = pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32))
     t0 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS), lowest_inf)
     t1 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 1), lowest_inf)
     t2 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 2), lowest_inf)
     t3 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 3), lowest_inf)
-    grid = tl.arange(0, PASS_LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    n0 = tl.zeros((PASS_LANES,), dtype=tl.int32)
-    n1 = tl.zeros((PASS_LANES,), dtype=tl.int32)
-    n2 = tl.zeros((PASS_LANES,), dtype=tl.int32)
-    n3 = tl.zeros((PASS_LANES,), dtype=tl.int32)
-    nf = tl.zeros((PASS_LANES,), dtype=tl.int32)
-    m0 = tl.zeros((PASS_LANES,), dtype=tl.float64)
-    m1 = tl.zeros((PASS_LANES,), dtype=tl.float64)
-    m2 = tl.zeros((PASS_LANES,), dtype=tl.float64)
-    m3 = tl.zeros((PASS_LANES,), dtype=tl.float64)
-    mf = tl.zeros((PASS_LANES,), dtype=tl.float64)
-    low = tl.full((PASS_LANES,), 2147483647, dtype=tl.int32)
+    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    n0 = tl.zeros((LANES,), dtype=tl.int32)
+    n1 = tl.zeros((LANES,), dtype=tl.int32)
+    n2 = tl.zeros((LANES,), dtype=tl.int32)
+    n3 = tl.zeros((LANES,), dtype=tl.int32)
+    nf = tl.zeros((LANES,), dtype=tl.int32)
+    m0 = tl.zeros((LANES,), dtype=tl.float64)
+    m1 = tl.zeros((LANES,), dtype=tl.float64)
+    m2 = tl.zeros((LANES,), dtype=tl.float64)
+    m3 = tl.zeros((LANES,), dtype=tl.float64)
+    mf = tl.zeros((LANES,), dtype=tl.float64)
+    low = tl.full((LANES,), 2147483647, dtype=tl.int32)
     fill = stats_ptr + S_FILL
-    whole = vocab // STEP * STEP
-    for start in tl.range(0, whole, STEP, num_stages=PASS_STAGES):
+    whole = lo + (hi - lo) // STEP * STEP
+    for start in tl.range(lo, whole, STEP, num_stages=PASS_STAGES):
         n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low = _threshold_step(
-            row_ptr, start + grid, vocab, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+            row_ptr, start + grid, hi, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
             m2, m3, mf, low, LIST, False)
-    if whole < vocab:
+    if whole < hi:
         n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low = _threshold_step(
-            row_ptr, whole + grid, vocab, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
+            row_ptr, whole + grid, hi, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
             m2, m3, mf, low, LIST, True)
     q = tl.arange(0, 4)
     above_n = tl.where(q == 0, tl.sum(n0, 0), tl.where(q == 1, tl.sum(n1, 0),
@@ -292,21 +298,21 @@ def _kept_weights(row_ptr, vocab, x_max, scale, cut, offs):
 
 
 @triton.jit
-def _search_pass(row_ptr, vocab, x_max, scale, t, cut):
+def _search_pass(row_ptr, vocab, x_max, scale, t, cut, LANES: tl.constexpr):
     """SPEC.md step 7 over the kept set {p >= cut}: the smallest index whose inclusive prefix
     mass in index order exceeds t, else the largest kept index of positive weight. The row in
-    chunks of SEARCH_STEPS steps of PASS_LANES lanes (as `_threshold_pass`: per-lane sums, VEC
+    chunks of SEARCH_STEPS steps of LANES lanes (as `_threshold_pass`: per-lane sums, VEC
     float32 weights summed then widened, no block-wide reduction inside a chunk), one reduction
     a chunk; the chunk where the prefix crosses t read again a step at a time, and the step
     where it crosses by a float64 prefix of its weights. Stops at the crossing."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    STEP: tl.constexpr = PASS_LANES * VEC
-    grid = tl.arange(0, PASS_LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    STEP: tl.constexpr = LANES * VEC
+    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     prefix = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
     start = tl.zeros((), dtype=tl.int32)
     while (token < 0) & (start < vocab):
-        lanes = tl.zeros((PASS_LANES,), dtype=tl.float64)
+        lanes = tl.zeros((LANES,), dtype=tl.float64)
         for k in tl.range(0, SEARCH_STEPS, num_stages=PASS_STAGES):
             lanes += tl.sum(_kept_weights(row_ptr, vocab, x_max, scale, cut, start + k * STEP + grid), 1).to(tl.float64)
         if prefix + tl.sum(lanes, 0) > t:  # the crossing is in this chunk: its steps again, one at a time
@@ -326,7 +332,7 @@ def _search_pass(row_ptr, vocab, x_max, scale, t, cut):
             prefix += tl.sum(lanes, 0)
         start += SEARCH_STEPS * STEP
     if token < 0:  # rounding left no prefix above t: the largest kept index of positive weight
-        last = tl.full((PASS_LANES, VEC), -1, dtype=tl.int32)
+        last = tl.full((LANES, VEC), -1, dtype=tl.int32)
         for base in range(0, vocab, STEP):
             offs = base + grid
             last = tl.maximum(last, tl.where(_kept_weights(row_ptr, vocab, x_max, scale, cut, offs) > 0, offs, -1))
@@ -488,17 +494,11 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
 
 
 @triton.jit
-def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, listed, bound, list_ptr, stats_ptr,
-                 BUF: tl.constexpr):
-    """The token of a top-k / top-p row (temperature > 0, a finite logit) by the module
-    docstring's rounds. x_max: the row's max; mass: S (top-p alone; unread with top-k);
-    listed: the candidates `filtered.collect` left in the list at list_ptr (every finite token
-    with unsigned key >= bound; -1 or more than the list holds: none usable). The search's
-    state lives in the row's stats between rounds (`scratch`: S_LIST_* to S_SORTED), so that
-    little is live across each round's sort. Counts its passes at S_PASSES. UNDECIDED only if
-    the loop guard ran out (never, by the bound)."""
+def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.constexpr):
+    """A top-k / top-p row (temperature > 0, a finite logit) enters the select: its state, in PH_ROUNDS.
+    mass: S (top-p alone; unread with top-k); listed: the candidates `filtered.collect` left in the
+    list (every finite token with unsigned key >= bound; -1 or more than the list holds: none usable)."""
     LIST: tl.constexpr = 2 * BUF
-    scale = weight_scale(temperature)
     use_k, use_p = filters(top_k, top_p, vocab)
     zero = tl.zeros((), dtype=tl.int64)
     store_goal(stats_ptr, tl.where(use_k, top_k.to(tl.float64), top_p.to(tl.float64) * mass), ~use_k)
@@ -509,29 +509,112 @@ def select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, list
     tl.store(stats_ptr + S_BRACKETS, 0)
     tl.store(stats_ptr + S_PASSES, 0)
     tl.store(stats_ptr + S_FINITE_N, zero + vocab)
-    done = zero != 0
-    rounds = zero
-    while (~done) & (rounds < ROUNDS):
-        rounds += 1
-        tl.debug_barrier()  # (stored by other threads)
-        have = tl.load(stats_ptr + S_HAVE_LIST) != 0
-        _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST)
-        if have:
-            done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST)
-        else:
-            _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
+    tl.store(stats_ptr + S_PHASE, PH_ROUNDS)
+
+
+@triton.jit
+def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
+    """A split pass's parts (`select_pass_part`), summed in the order of the row (the same sums
+    whichever program ran first), then `_narrow`."""
+    q = tl.arange(0, 4)
+    above_n = tl.zeros((4,), dtype=tl.int64)
+    above_m = tl.zeros((4,), dtype=tl.float64)
+    lowest = tl.zeros((), dtype=tl.int64) + INT64_MAX
+    n_finite = tl.zeros((), dtype=tl.int64)
+    m_finite = tl.zeros((), dtype=tl.float64)
+    for c in range(0, SELECT_SPLITS):
+        if c * chunk < vocab:
+            part = parts_ptr + c * PART_WORDS
+            above_n += tl.load(part + q)
+            above_m += tl.load(part + 4 + q).to(tl.float64, bitcast=True)
+            lowest = tl.minimum(lowest, tl.load(part + 8))
+            n_finite += tl.load(part + 9)
+            m_finite += load_f64(part + 10)
+    _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
+
+
+@triton.jit
+def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr, stats_ptr, parts_ptr, chunk,
+                  BUF: tl.constexpr, INLINE: tl.constexpr):
+    """The rounds of a row in the select (the module docstring's), from its state: a row whose
+    split pass ran since it asked (PH_PASS) folds the parts first. Until the cut is found, or,
+    without INLINE, until a pass round wants its pass (PH_PASS: the pass launch reads it, split
+    over SELECT_SPLITS programs); INLINE: each pass read here by this program (the last rounds
+    launch, which finishes every row: the bound's passes). A row whose list holds its kept set
+    gets its token here (step 7 from the list); else PH_SEARCH (`select_search`). Returns the
+    token, or UNDECIDED. The state lives in the row's stats between rounds (`scratch`), so that
+    little is live across each round's sort; passes are counted at S_PASSES."""
+    LIST: tl.constexpr = 2 * BUF
+    scale = weight_scale(temperature)
+    use_p = filters(top_k, top_p, vocab)[1]
+    token = tl.zeros((), dtype=tl.int64) + UNDECIDED
+    tl.debug_barrier()  # (stored by other threads)
+    phase = tl.load(stats_ptr + S_PHASE)
+    if phase == PH_PASS:
+        _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST)
+        tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+        phase = phase * 0 + PH_ROUNDS
+    if phase == PH_ROUNDS:
+        done = phase != phase
+        wanted = phase != phase
+        rounds = tl.zeros((), dtype=tl.int32)
+        while (~done) & (~wanted) & (rounds < ROUNDS):
+            rounds += 1
             tl.debug_barrier()  # (stored by other threads)
-            above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, vocab, x_max, scale, stats_ptr,
-                                                                           list_ptr, LIST)
-            tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
-            _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
-    token = zero + UNDECIDED
-    if done:
-        cut, s_kept, listed_all = load_cut(stats_ptr)
-        if listed_all:  # the list holds the whole kept set
-            n, _, _, _, _, _, _ = load_list(stats_ptr)
-            token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
-        else:
-            token = _search_pass(row_ptr, vocab, x_max, scale, u.to(tl.float64) * s_kept, cut)
-            tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+            have = tl.load(stats_ptr + S_HAVE_LIST) != 0
+            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST)
+            if have:
+                done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST)
+            else:
+                _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
+                if INLINE:
+                    tl.debug_barrier()  # (stored by other threads)
+                    above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
+                        row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)
+                    tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+                    _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
+                else:
+                    wanted = have | True
+        phase = tl.where(wanted, PH_PASS, tl.where(done, PH_SEARCH, PH_ROUNDS)).to(tl.int64)
+        if done:
+            cut, s_kept, listed_all = load_cut(stats_ptr)
+            if listed_all:  # the list holds the whole kept set
+                n, _, _, _, _, _, _ = load_list(stats_ptr)
+                token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
+                phase = phase * 0
+        tl.store(stats_ptr + S_PHASE, phase)
+    return token
+
+
+@triton.jit
+def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, parts_ptr, c, chunk, BUF: tl.constexpr,
+                     LANES: tl.constexpr):
+    """Part c of the pass a row in PH_PASS wants (`_threshold_pass` over its logits [c chunk,
+    (c + 1) chunk)): its counts to its words of `parts_of` (programs past the row's end: none)."""
+    tl.debug_barrier()  # (stored by other threads)
+    if (tl.load(stats_ptr + S_PHASE) == PH_PASS) & (c * chunk < vocab):
+        lo = c * chunk
+        above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
+            row_ptr, lo, tl.minimum(lo + chunk, vocab), x_max, weight_scale(temperature), stats_ptr, list_ptr,
+            2 * BUF, LANES)
+        part = parts_ptr + c * PART_WORDS
+        q = tl.arange(0, 4)
+        tl.store(part + q, above_n)
+        tl.store(part + 4 + q, above_m.to(tl.int64, bitcast=True))
+        tl.store(part + 8, lowest)
+        tl.store(part + 9, n_finite)
+        tl.store(part + 10, f64_word(m_finite))
+
+
+@triton.jit
+def select_search(row_ptr, vocab, temperature, u, x_max, stats_ptr, LANES: tl.constexpr):
+    """Step 7 of a row in PH_SEARCH, by one pass over the row (`_search_pass`): its token, else
+    UNDECIDED (a row not in PH_SEARCH)."""
+    token = tl.zeros((), dtype=tl.int64) + UNDECIDED
+    tl.debug_barrier()  # (stored by other threads)
+    if tl.load(stats_ptr + S_PHASE) == PH_SEARCH:
+        cut, s_kept, _ = load_cut(stats_ptr)
+        token = _search_pass(row_ptr, vocab, x_max, weight_scale(temperature), u.to(tl.float64) * s_kept, cut, LANES)
+        tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+        tl.store(stats_ptr + S_PHASE, 0)
     return token

@@ -39,15 +39,15 @@ time in one program, which the whole FILTERED launch of `dflash_verify` would wa
 
 `filtered_token` is one dispatch: the small decision (`sampling_rule.decide_filtered`, up to
 SMALL candidates sorted in registers, in the launch that collected them) where it settles the
-row, else the sample select (`cut_select.select_token`: the candidates, if the list holds
-them, are its first round), a bounded number of passes whatever the row holds.
+row, else the sample select (`cut_select`: the candidates, if the list holds them, are its
+first round), a bounded number of passes whatever the row holds.
 """
 
 import triton
 import triton.language as tl
 
 from .common import ordered_key, sanitize, unsigned_key, weight, weight_scale
-from .cut_select import listed_entries, packed_weights, select_token
+from .cut_select import listed_entries, packed_weights, select_begin
 from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats)
 from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
@@ -253,10 +253,9 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
 def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                    BUF: tl.constexpr, SMALL_DECISION: tl.constexpr, SELECT: tl.constexpr):
     """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results:
-    SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread); SELECT,
-    `cut_select` for a row that decision does not settle. Without SELECT a row the small
-    decision does not settle is UNDECIDED (`dflash_verify` decides those in a launch of its
-    own, whose registers hold the select)."""
+    SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread). A row
+    that decision does not settle is UNDECIDED; with SELECT it enters the sample select
+    (`cut_select.select_begin`: the caller's `select_rounds` and later launches decide it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
     tl.debug_barrier()  # (the stats were stored by other threads of this program)
     count = tl.load(stats_ptr + S_COUNT)
@@ -276,7 +275,6 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))
         if SELECT:
-            if token == UNDECIDED:
-                token = select_token(row_ptr, vocab, temperature, top_k, top_p, u, x_max, mass, count,
-                                     tl.load(stats_ptr + S_BOUND), buf_ptr, stats_ptr, BUF)
+            if token == UNDECIDED:  # the sample select: its first rounds follow in this program (`select_rounds`)
+                select_begin(vocab, top_k, top_p, mass, count, tl.load(stats_ptr + S_BOUND), stats_ptr, BUF)
     return token

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ..export.heads import HEADS
-from .scratch import PREFIX_SPLITS, Scratch, scratch_width
+from .scratch import PREFIX_SPLITS, SELECT_SPLITS, Scratch, scratch_width
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LIGHT_BYTES = 8192  # logits bytes per loop step of the light rows (4096 bf16 / 2048 float32)
@@ -107,6 +107,20 @@ def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
     search, the best of the layouts timed (16 chunks, per-warp reductions, unreduced lane
     stores, a separate chunk launch: benchmarks/RESULTS.md's history, session 18)."""
     return split_rows(vocab, block, PREFIX_SPLITS)
+
+
+SELECT_WARPS = 4  # the sample select's pass and search launches (a lane of 16 bytes a thread)
+
+
+def select_config(vocab: int, itemsize: int) -> tuple[int, int]:
+    """(chunk, lanes) of the sample select's pass launch: each of a row's SELECT_SPLITS programs
+    reads `chunk` logits (a multiple of its step, `lanes` lanes of 16 bytes: one a thread at
+    SELECT_WARPS warps); the split fills the GPU with few rows (`sample_rows`) and keeps each
+    program light. A function of V only (as `split_rows`)."""
+    lanes = 32 * SELECT_WARPS
+    step = lanes * (16 // itemsize)
+    chunk = -(-vocab // SELECT_SPLITS.value)
+    return -(-chunk // step) * step, lanes
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:

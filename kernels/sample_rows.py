@@ -26,8 +26,9 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .launch import check_inputs, check_length, checked_scratch, launch_config, split_rows
-from .scratch import Scratch, scratch_width, stats_of
+from .cut_select import SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds, select_search
+from .launch import SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config, split_rows
+from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
 from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
 
@@ -50,7 +51,7 @@ def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part
 
 @triton.jit
 def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                       seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, FILTERED: tl.constexpr,
+                       seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, select_chunk, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temperature = tl.load(temperature_ptr + row)
@@ -62,13 +63,47 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
     if FILTERED:
         if not light:
             work = work_ptr + row * WORK
-            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats_of(work, BUF),
-                                   BLOCK, BUF, True, True)
+            stats = stats_of(work, BUF)
+            token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, BUF, True, True)
+            if token == UNDECIDED:  # the sample select's first rounds (`sample_select_kernel` goes on)
+                token = select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, load_f32(stats + S_X_MAX), work,
+                                      stats, parts_of(work, BUF), select_chunk, BUF, False)
             tl.store(out_ptr + row, token)
     elif light:
         token = light_token_from_chunks(row_ptr, vocab, temperature, u, part_ptr + row * SPLITS * 4, chunk,
                                         SPLITS, BLOCK)
         tl.store(out_ptr + row, token)
+
+
+@triton.jit
+def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
+                         work_ptr, vocab, select_chunk, BUF: tl.constexpr, WORK: tl.constexpr, STAGE: tl.constexpr,
+                         INLINE: tl.constexpr, LANES: tl.constexpr):
+    """The sample select's later launches on the top-k / top-p rows the FILTERED instance left in
+    it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided), SELECT_PASS (program
+    (row, c): part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token
+    goes to out."""
+    row = tl.program_id(0).to(tl.int64)
+    temperature = tl.load(temperature_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    if not is_light(temperature, top_k, top_p, vocab):  # (a light row's stats are never written)
+        row_ptr = logits_ptr + row * stride
+        work = work_ptr + row * WORK
+        stats = stats_of(work, BUF)
+        x_max = load_f32(stats + S_X_MAX)
+        if STAGE == SELECT_PASS:
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), tl.program_id(1),
+                             select_chunk, BUF, LANES)
+        else:
+            u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+            if STAGE == SELECT_SEARCH:
+                token = select_search(row_ptr, vocab, temperature, u, x_max, stats, LANES)
+            else:
+                token = select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, work, stats,
+                                      parts_of(work, BUF), select_chunk, BUF, INLINE)
+            if token != UNDECIDED:
+                tl.store(out_ptr + row, token)
 
 
 def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = None,
@@ -79,6 +114,7 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     light, heavy = launch_config(vocab, cap, block, logits.element_size())
     chunk, splits = split_rows(vocab, light.block)
+    select_chunk, select_lanes = select_config(vocab, logits.element_size())
     width = scratch_width(heavy.buf)
     work = checked_scratch(scratch, logits, heavy.buf).work
     parts = torch.empty(n, splits, 4, dtype=torch.int64, device=logits.device)
@@ -89,8 +125,18 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
         for cfg, filtered in ((light, False), (heavy, True)):
             wrap_triton(sample_rows_kernel)[(n,)](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, parts, vocab,
-                chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
+                chunk, select_chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
                 num_warps=cfg.warps)
+
+        def select(stage, inline=False, grid=(n,), warps=heavy.warps):  # one later stage of the select
+            wrap_triton(sample_select_kernel)[grid](
+                logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab, select_chunk,
+                BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes, num_warps=warps)
+
+        for inline in (False, True):  # the last rounds launch decides every row left (the design's bound)
+            select(SELECT_PASS, grid=(n, SELECT_SPLITS.value), warps=SELECT_WARPS)
+            select(SELECT_ROUNDS, inline)
+        select(SELECT_SEARCH, warps=SELECT_WARPS)
     return out
 
 

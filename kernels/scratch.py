@@ -15,6 +15,7 @@ A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per lo
   `cut_select`'s last pass (S_THRESHOLDS: 4 words).
 - 2 words per chunk of a temperature-only row (`prefixes_of`): its prefix mass at each chunk
   end (`sampling_rule.store_prefix`).
+- PART_WORDS per program of a pass of the sample select (`parts_of`): what it counted.
 
 Floats are stored as their bits: float32 in the low 32 bits of a word (`f32_word`;
 `word_f32`, `load_f32` read it), float64 as the whole word (`f64_word`; `word_f64`,
@@ -29,8 +30,9 @@ import triton.language as tl
 
 HOT_WORDS = tl.constexpr(256)  # 512 int32 lanes: `launch.LIGHT_BYTES` * 8 / `sampling_rule.LANE_BITS`
 RESULTS = tl.constexpr(4)
-STATS = tl.constexpr(35)
+STATS = tl.constexpr(36)
 PREFIX_SPLITS = 8  # chunks of a temperature-only row whose end prefix masses it keeps (`launch.prefix_chunks`)
+PREFIX_WORDS = tl.constexpr(2 * PREFIX_SPLITS)
 
 # RESULTS words of a decided row (`store_results`) ...
 R_TOKEN = tl.constexpr(0)  # the token, or a mark below
@@ -83,12 +85,23 @@ S_BRACKETS = tl.constexpr(31)  # bracket passes so far
 S_SORTED = tl.constexpr(32)  # the entries of this round's sorted list
 S_FINITE_N = tl.constexpr(33)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
 S_FILL = tl.constexpr(34)  # the entries a pass has listed so far (its lanes' atomic adds)
+S_PHASE = tl.constexpr(35)  # where a row is in `cut_select`'s launches: a PH_* below (0: not in the select)
 STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
               "threshold_1", "threshold_2", "threshold_3", "list_n", "list_lo", "list_hi", "list_above_hi",
               "list_mass_above_hi_bits", "list_above_lo", "list_mass_above_lo_bits", "cut", "cut_mass_bits",
               "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
-              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill")
+              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill", "phase")
 assert len(STAT_NAMES) == STATS.value
+
+# S_PHASE: a row in the sample select, between its launches (`cut_select`)
+PH_ROUNDS = tl.constexpr(1)  # its rounds go on in the next rounds launch
+PH_PASS = tl.constexpr(2)  # it wants a pass (S_THRESHOLDS): the next pass launch's programs each read a part
+PH_SEARCH = tl.constexpr(3)  # its cut is found: the search launch finds its token (step 7)
+
+# A select row's pass parts (`parts_of`): the pass launch's SELECT_SPLITS programs of a row each store
+# PART_WORDS (the counts and masses above the 4 thresholds, the lowest token, the finite count and mass)
+SELECT_SPLITS = tl.constexpr(16)
+PART_WORDS = tl.constexpr(11)
 
 
 @triton.jit
@@ -113,6 +126,12 @@ def stats_of(work, BUF: tl.constexpr):
 def prefixes_of(work, BUF: tl.constexpr):
     """A temperature-only row's chunk-end prefix masses (2 words per chunk), after its STATS."""
     return results_of(work, BUF) + RESULTS + STATS
+
+
+@triton.jit
+def parts_of(work, BUF: tl.constexpr):
+    """A select row's pass parts (SELECT_SPLITS x PART_WORDS words), after its prefix masses."""
+    return prefixes_of(work, BUF) + PREFIX_WORDS
 
 
 @triton.jit
@@ -180,6 +199,7 @@ def stored_pair(results, logits_ptr, stride):
 def store_stats(stats_ptr, count, x_max, arg, finite, mass):
     """A filtered row's stats after its pass and collect (`cut_select` passes: none yet)."""
     tl.store(stats_ptr + S_PASSES, 0)
+    tl.store(stats_ptr + S_PHASE, 0)
     tl.store(stats_ptr + S_COUNT, count)
     tl.store(stats_ptr + S_X_MAX, f32_word(x_max))
     tl.store(stats_ptr + S_ARG, arg.to(tl.int64))
@@ -261,7 +281,8 @@ def load_goal(stats_ptr):
 
 def scratch_width(buf: int) -> int:
     """int64 words per scratch row (the module docstring's layout)."""
-    return 2 * buf + HOT_WORDS.value + RESULTS.value + STATS.value + 2 * PREFIX_SPLITS
+    return (2 * buf + HOT_WORDS.value + RESULTS.value + STATS.value + 2 * PREFIX_SPLITS
+            + SELECT_SPLITS.value * PART_WORDS.value)
 
 
 @dataclass

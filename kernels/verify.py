@@ -43,12 +43,14 @@ from torch.library import triton_op, wrap_triton
 
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
-from .launch import (check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config, launch_config,
-                     prefix_chunks)
+from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
+                     launch_config, prefix_chunks, select_config)
+from .cut_select import (SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds,
+                         select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
-from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, SEARCH_LATER, UNDECIDED,
-                      UNUSED_SLOT, Scratch, load_f32, load_f64, prefixes_of, results_of, scratch_width, stats_of,
-                      store_pair, store_results, stored_pair)
+from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER, SELECT_SPLITS,
+                      UNDECIDED, UNUSED_SLOT, Scratch, load_f32, load_f64, parts_of, prefixes_of, results_of,
+                      scratch_width, stats_of, store_pair, store_results, stored_pair)
 from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
@@ -148,17 +150,40 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 
 @triton.jit
 def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                           work_ptr, vocab, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr):
-    """The decision of each row the FILTERED row launch marked FILTERED_ROW, by its own
-    program (`cut_select`); the other programs read one word."""
+                           work_ptr, vocab, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                           STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
+    """Each row the FILTERED row launch marked FILTERED_ROW, decided by the sample select
+    (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
+    rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (program (slot,
+    c) reads part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token
+    goes to its results; the other programs read one word."""
     work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
     results = results_of(work, BUF)
     if tl.load(results + R_TOKEN) == FILTERED_ROW:
         owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-        u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
-        token = filtered_token(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
-                               tl.load(top_p_ptr + owner), u, work, stats_of(work, BUF), BLOCK, BUF, False, True)
-        store_filtered(results, token, draft, vocab)
+        temperature = tl.load(temperature_ptr + owner)
+        stats = stats_of(work, BUF)
+        x_max = load_f32(stats + S_X_MAX)
+        if STAGE == SELECT_PASS:
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF),
+                             tl.program_id(1), chunk, BUF, LANES)
+        else:
+            u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
+            top_k = tl.load(top_k_ptr + owner)
+            top_p = tl.load(top_p_ptr + owner)
+            token = tl.zeros((), dtype=tl.int64) + UNDECIDED
+            if STAGE == SELECT_SEARCH:
+                token = select_search(row_ptr, vocab, temperature, u, x_max, stats, LANES)
+                store_filtered(results, token, draft, vocab)  # (UNDECIDED only past the loop guard: never)
+            else:
+                if STAGE == SELECT_BEGIN:
+                    token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, BUF,
+                                           False, True)
+                if token == UNDECIDED:
+                    token = select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, work, stats,
+                                          parts_of(work, BUF), chunk, BUF, INLINE)
+                if token != UNDECIDED:
+                    store_filtered(results, token, draft, vocab)
 
 
 @triton.jit
@@ -224,6 +249,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
     if num_rows > 0 and num_owners > 0:
         decide = decide_config(vocab, block, logits.element_size())
         chunk, splits = prefix_chunks(vocab, decide.block)
+        select_chunk, select_lanes = select_config(vocab, logits.element_size())
         args = (logits, logits.stride(0), tokens, offsets, start_position, temperature, top_k, top_p,
                 seed, work, num_rows, num_owners, vocab, chunk)
         wrap_triton(verify_rows_kernel)[(num_rows,)](
@@ -234,9 +260,18 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
             wrap_triton(verify_rows_kernel)[(num_rows,)](
                 *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
-            wrap_triton(verify_filtered_kernel)[(num_rows,)](
-                logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
-                BLOCK=heavy.block, BUF=heavy.buf, WORK=width, num_warps=heavy.warps)
+
+            def select(stage, inline=False, grid=(num_rows,), warps=heavy.warps):  # one stage of the select
+                wrap_triton(verify_filtered_kernel)[grid](
+                    logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
+                    select_chunk, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline,
+                    LANES=select_lanes, num_warps=warps)
+
+            select(SELECT_BEGIN)
+            for inline in (False, True):  # the last rounds launch decides every row left (the design's bound)
+                select(SELECT_PASS, grid=(num_rows, SELECT_SPLITS.value), warps=SELECT_WARPS)
+                select(SELECT_ROUNDS, inline)
+            select(SELECT_SEARCH, warps=SELECT_WARPS)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,
