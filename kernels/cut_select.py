@@ -332,11 +332,12 @@ def _search_pass(row_ptr, vocab, x_max, scale, t, cut, LANES: tl.constexpr):
             prefix += tl.sum(lanes, 0)
         start += SEARCH_STEPS * STEP
     if token < 0:  # rounding left no prefix above t: the largest kept index of positive weight
-        last = tl.full((LANES, VEC), -1, dtype=tl.int32)
+        last = tl.full((LANES,), -1, dtype=tl.int32)
         for base in range(0, vocab, STEP):
             offs = base + grid
-            last = tl.maximum(last, tl.where(_kept_weights(row_ptr, vocab, x_max, scale, cut, offs) > 0, offs, -1))
-        token = tl.max(tl.max(last, 1), 0).to(tl.int64)
+            kept = _kept_weights(row_ptr, vocab, x_max, scale, cut, offs) > 0
+            last = tl.maximum(last, tl.max(tl.where(kept, offs, -1), 1))
+        token = tl.max(last.to(tl.int64), 0)
     return token
 
 

@@ -123,6 +123,16 @@ def select_config(vocab: int, itemsize: int) -> tuple[int, int]:
     return -(-chunk // step) * step, lanes
 
 
+def select_programs(device: torch.device) -> int:
+    """Programs of the sample select's light launches (pass, search), each taking items in turn:
+    what the GPU holds at once at SELECT_WARPS warps and up to ~113 registers (4 programs an SM),
+    so that a launch with little to do costs one wave; 4 in the interpreter. A function of the
+    device only, never of the row count (as `split_rows`)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count * 4
+
+
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
     """The domain of every head kernel: float32 / bfloat16 / float16 logits, 1 <= V < 2^31
     (indices are packed in 32 bits next to the 32-bit keys)."""

@@ -27,7 +27,8 @@ from .launch import supports  # noqa: F401  (this head's domain: the one in laun
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
 from .cut_select import SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds, select_search
-from .launch import SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config, split_rows
+from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
+                     select_programs, split_rows)
 from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
 from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
 
@@ -77,13 +78,34 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
 
 @triton.jit
 def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
-                         work_ptr, vocab, select_chunk, BUF: tl.constexpr, WORK: tl.constexpr, STAGE: tl.constexpr,
-                         INLINE: tl.constexpr, LANES: tl.constexpr):
+                         work_ptr, vocab, select_chunk, items, BUF: tl.constexpr, WORK: tl.constexpr,
+                         STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """The sample select's later launches on the top-k / top-p rows the FILTERED instance left in
-    it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided), SELECT_PASS (program
-    (row, c): part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token
-    goes to out."""
-    row = tl.program_id(0).to(tl.int64)
+    it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided; a program a row), or
+    SELECT_PASS (item (row, c): part c of the pass the row wants) and SELECT_SEARCH (step 7),
+    whose fixed number of programs take the `items` in turn (as in `verify.verify_filtered_kernel`).
+    A decided row's token goes to out."""
+    if (STAGE == SELECT_PASS) | (STAGE == SELECT_SEARCH):
+        for i in range(tl.program_id(0), items, tl.num_programs(0)):
+            item = i + tl.zeros((), dtype=tl.int32)  # (a tensor in the interpreter too)
+            if STAGE == SELECT_PASS:
+                _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                              out_ptr, work_ptr, vocab, select_chunk, item // SELECT_SPLITS, item % SELECT_SPLITS, BUF,
+                              WORK, STAGE, INLINE, LANES)
+            else:
+                _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                              out_ptr, work_ptr, vocab, select_chunk, item, 0, BUF, WORK, STAGE, INLINE, LANES)
+    else:
+        _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
+                      work_ptr, vocab, select_chunk, tl.program_id(0), 0, BUF, WORK, STAGE, INLINE, LANES)
+
+
+@triton.jit
+def _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
+                  work_ptr, vocab, select_chunk, row, part, BUF: tl.constexpr, WORK: tl.constexpr,
+                  STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
+    """`sample_select_kernel`'s STAGE for one row (part: the pass's part)."""
+    row = row.to(tl.int64)
     temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
@@ -93,8 +115,8 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
         stats = stats_of(work, BUF)
         x_max = load_f32(stats + S_X_MAX)
         if STAGE == SELECT_PASS:
-            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), tl.program_id(1),
-                             select_chunk, BUF, LANES)
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, select_chunk,
+                             BUF, LANES)
         else:
             u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
             if STAGE == SELECT_SEARCH:
@@ -128,15 +150,16 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
                 chunk, select_chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
                 num_warps=cfg.warps)
 
-        def select(stage, inline=False, grid=(n,), warps=heavy.warps):  # one later stage of the select
+        def select(stage, inline=False, items=n, light=False):  # one later stage of the select
+            grid = (select_programs(logits.device),) if light else (n,)
             wrap_triton(sample_select_kernel)[grid](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab, select_chunk,
-                BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes, num_warps=warps)
+                items, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
+                num_warps=SELECT_WARPS if light else heavy.warps)
 
-        for inline in (False, True):  # the last rounds launch decides every row left (the design's bound)
-            select(SELECT_PASS, grid=(n, SELECT_SPLITS.value), warps=SELECT_WARPS)
-            select(SELECT_ROUNDS, inline)
-        select(SELECT_SEARCH, warps=SELECT_WARPS)
+        select(SELECT_PASS, items=n * SELECT_SPLITS.value, light=True)
+        select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
+        select(SELECT_SEARCH, light=True)
     return out
 
 

@@ -44,7 +44,7 @@ from torch.library import triton_op, wrap_triton
 from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
-                     launch_config, prefix_chunks, select_config)
+                     launch_config, prefix_chunks, select_config, select_programs)
 from .cut_select import (SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds,
                          select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
@@ -150,14 +150,38 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 
 @triton.jit
 def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                           work_ptr, vocab, chunk, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                           work_ptr, vocab, chunk, items, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                            STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """Each row the FILTERED row launch marked FILTERED_ROW, decided by the sample select
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
-    rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (program (slot,
-    c) reads part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token
-    goes to its results; the other programs read one word."""
-    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK
+    rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
+    part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
+    its results. The rounds launches: a program a pair slot (`items` of them). The light pass
+    and search launches: a fixed number of programs (`launch.select_programs`) take the items
+    (slots x SELECT_SPLITS parts, or slots) in turn, so that a batch with few such rows pays a
+    few programs' reads of one word, not waves of programs (the rounds launches' registers make
+    that loop spill)."""
+    if (STAGE == SELECT_PASS) | (STAGE == SELECT_SEARCH):
+        for i in range(tl.program_id(0), items, tl.num_programs(0)):
+            item = i + tl.zeros((), dtype=tl.int32)  # (a tensor in the interpreter too)
+            if STAGE == SELECT_PASS:
+                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                              work_ptr, vocab, chunk, item // SELECT_SPLITS, item % SELECT_SPLITS, BLOCK, BUF, WORK,
+                              STAGE, INLINE, LANES)
+            else:
+                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                              work_ptr, vocab, chunk, item, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+    else:
+        _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                      vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+
+
+@triton.jit
+def _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
+                  vocab, chunk, slot, part, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                  STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
+    """`verify_filtered_kernel`'s STAGE for one pair slot (part: the pass's part)."""
+    work = work_ptr + slot.to(tl.int64) * WORK
     results = results_of(work, BUF)
     if tl.load(results + R_TOKEN) == FILTERED_ROW:
         owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
@@ -165,8 +189,8 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
         stats = stats_of(work, BUF)
         x_max = load_f32(stats + S_X_MAX)
         if STAGE == SELECT_PASS:
-            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF),
-                             tl.program_id(1), chunk, BUF, LANES)
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, chunk, BUF,
+                             LANES)
         else:
             u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
             top_k = tl.load(top_k_ptr + owner)
@@ -261,17 +285,17 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
 
-            def select(stage, inline=False, grid=(num_rows,), warps=heavy.warps):  # one stage of the select
+            def select(stage, inline=False, items=num_rows, light=False):  # one stage of the select
+                grid = (select_programs(device),) if light else (num_rows,)
                 wrap_triton(verify_filtered_kernel)[grid](
                     logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
-                    select_chunk, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline,
-                    LANES=select_lanes, num_warps=warps)
+                    select_chunk, items, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline,
+                    LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
 
             select(SELECT_BEGIN)
-            for inline in (False, True):  # the last rounds launch decides every row left (the design's bound)
-                select(SELECT_PASS, grid=(num_rows, SELECT_SPLITS.value), warps=SELECT_WARPS)
-                select(SELECT_ROUNDS, inline)
-            select(SELECT_SEARCH, warps=SELECT_WARPS)
+            select(SELECT_PASS, items=num_rows * SELECT_SPLITS.value, light=True)
+            select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
+            select(SELECT_SEARCH, light=True)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,
