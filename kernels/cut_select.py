@@ -2,8 +2,21 @@
 passes over the row: the sample select (issue #25; designed and simulated in
 `benchmarks/simulate_sample_select.py`).
 
-One program per row (it runs after the row's first pass, which gave x_max and, for top-p
-alone, S). The cuts are found in SPEC.md's order, each token packed as (key, index)
+It runs after the row's first pass (which gave x_max and, for top-p alone, S), in four
+launches that each head makes in this order, the row's stage in its scratch (`S_PHASE`):
+- *begin* (a program a row): the row enters (`select_begin`), then its rounds (`select_rounds`)
+  until one wants a pass;
+- *pass* (SELECT_SPLITS light programs a row, taken in turn by a fixed set of programs): each
+  reads one part of the row (`select_pass_part`); the next launch sums the parts in row order;
+- *rounds* (a program a row): the pass folded in, then the rounds until the cut is found, any
+  further pass read by this program itself (so the bound below holds within the launches);
+- *search* (one light program a row): step 7 by a pass (`select_search`), where the list
+  does not hold the kept set.
+The rounds sort (~240 registers: one 8-warp program an SM); the passes, ALU-bound, run at 4
+warps and ~60-110 registers, many programs an SM, and split a row over the GPU when rows are
+few (`sample_rows`).
+
+The cuts are found in SPEC.md's order, each token packed as (key, index)
 (`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
 "above a threshold" is one int64 compare. A *region* (bot, top] of packed values is known
 to hold the cut, with the exact count and mass of the tokens above each end.
@@ -31,9 +44,9 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 
 Each round sorts one list of LIST packed tokens in registers (one sort call: one sort network
 compiled), stores it back sorted, and reads it CHUNK entries at a time; the search's state
-lives in the row's scratch record between rounds (`scratch`: the region, the goal, the list,
-the cut). So little is live across the sort, and the launch compiles for sm_90 without a
-stack frame (the loop's state in registers spilled).
+lives in the row's scratch record between rounds and launches (`scratch`: the region, the
+goal, the list, the cut, the stage). So little is live across the sort, and the launches
+compile for sm_90 without a stack frame (the loop's state in registers spilled).
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),

@@ -1,6 +1,6 @@
 """`dflash::sample_rows`: the sampling rule of SPEC.md on every row, fused.
 
-Algorithm, three launches (no host synchronisation):
+Algorithm, three steps (no host synchronisation between their launches):
 
 1. `chunk_kernel`, up to 16 programs per row (`launch.split_rows`): each reads one
    chunk of a greedy or temperature-only row (`scan_lanes`) and stores its max,
@@ -11,8 +11,10 @@ Algorithm, three launches (no host synchronisation):
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
 3. `sample_rows_kernel`, FILTERED instance, one program per top-k / top-p row: the
-   token from its candidates, sorted in registers, or by the sample select
-   (`filtered.filtered_token`, `cut_select.py`).
+   token from its candidates, sorted in registers (`filtered.filtered_token`), else the
+   sample select begins (`cut_select.py`), and `sample_select_kernel` goes on with its
+   pass, rounds and search launches (the pass split over 16 light programs a row: 64 rows
+   fill the GPU).
 
 Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.

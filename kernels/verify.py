@@ -1,6 +1,6 @@
 """`dflash::dflash_verify`: every owner's drafts under that owner's sampling parameters.
 
-Algorithm, four launches (no host synchronisation between them):
+Algorithm, four steps (no host synchronisation between their launches):
 
 1. `verify_rows_kernel`, one program per pair slot (SPEC.md's (owner, j) pairs laid
    out as in `export/owners.py`; `launch.decide_config`: 4 KB steps, 4 warps): walks the
@@ -19,10 +19,11 @@ Algorithm, four launches (no host synchronisation between them):
    (one sort entry per thread). The pass itself stays in launch 1, at that launch's
    occupancy: the FILTERED instance needs more registers, and the pass there ran slower
    (benchmarks/RESULTS.md's history, sessions 20-21).
-3. `verify_filtered_kernel` (not for the greedy op), one program per pair slot: the
-   decision of each top-k / top-p row launch 2 left undecided, by the sample select
-   (`cut_select.py`: its candidates, then passes over the row, a number the design bounds),
-   in a launch of its own so that the launches above keep their occupancy.
+3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
+   select each (`cut_select.py`: begin, pass, rounds, search): the decision of each top-k /
+   top-p row launch 2 left undecided, from its candidates, then passes over the row (a
+   number the design bounds), in launches of their own so that the launches above keep their
+   occupancy; the passes split over light programs.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
