@@ -68,7 +68,8 @@ import triton.language as tl
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
 from .scratch import (PART_WORDS, PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST,
-                      S_PASSES, S_PHASE, S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut,
+                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORTED, S_THRESHOLDS,
+                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut,
                       load_f64, load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
@@ -311,9 +312,10 @@ def _kept_weights(row_ptr, vocab, x_max, scale, cut, offs):
 
 
 @triton.jit
-def _search_pass(row_ptr, vocab, x_max, scale, t, cut, LANES: tl.constexpr):
+def _search_pass(row_ptr, lo, vocab, x_max, scale, t, cut, prefix, LANES: tl.constexpr):
     """SPEC.md step 7 over the kept set {p >= cut}: the smallest index whose inclusive prefix
-    mass in index order exceeds t, else the largest kept index of positive weight. The row in
+    mass in index order exceeds t, else the largest kept index of positive weight; from logit
+    lo on (a multiple of the step), `prefix` the kept mass before it. The row in
     chunks of SEARCH_STEPS steps of LANES lanes (as `_threshold_pass`: per-lane sums, VEC
     float32 weights summed then widened, no block-wide reduction inside a chunk), one reduction
     a chunk; the chunk where the prefix crosses t read again a step at a time, and the step
@@ -321,9 +323,8 @@ def _search_pass(row_ptr, vocab, x_max, scale, t, cut, LANES: tl.constexpr):
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    prefix = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
-    start = tl.zeros((), dtype=tl.int32)
+    start = lo + tl.zeros((), dtype=tl.int32)
     while (token < 0) & (start < vocab):
         lanes = tl.zeros((LANES,), dtype=tl.float64)
         for k in tl.range(0, SEARCH_STEPS, num_stages=PASS_STAGES):
@@ -523,6 +524,7 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
     tl.store(stats_ptr + S_BRACKETS, 0)
     tl.store(stats_ptr + S_PASSES, 0)
     tl.store(stats_ptr + S_FINITE_N, zero + vocab)
+    tl.store(stats_ptr + S_LIST_PARTS, 0)
     tl.store(stats_ptr + S_PHASE, PH_ROUNDS)
 
 
@@ -548,6 +550,35 @@ def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
 
 
 @triton.jit
+def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, t, LIST: tl.constexpr):
+    """Where step 7's pass starts (S_SEARCH_LO, S_SEARCH_PREFIX): where the cut is in the list of a
+    split pass (S_LIST_PARTS), each part's kept mass is its mass above the list (its pass's
+    count) plus the listed kept tokens' inside it, so the pass starts at the part where the
+    prefix crosses t (t = u S_kept) and reads one part, not the row; else at the row's start.
+    Part sums and the pass's differ in order only (SPEC.md's legal difference): the pass goes on
+    past the part if its own sums cross later."""
+    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    lo = tl.zeros((), dtype=tl.int64)
+    prefix = tl.zeros((), dtype=tl.float64)
+    tl.debug_barrier()  # (stored by other threads)
+    if tl.load(stats_ptr + S_LIST_PARTS) != 0:
+        c = tl.arange(0, SELECT_SPLITS)
+        live = c * chunk < vocab
+        masses = tl.load(parts_ptr + c * PART_WORDS + 5, mask=live, other=0).to(tl.float64, bitcast=True)
+        n = tl.load(stats_ptr + S_SORTED)
+        for base in range(0, LIST, C):
+            index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
+            masses += tl.sum(tl.where((index // chunk)[:, None] == c[None, :], e[:, None], 0.0), 0)
+        before = tl.cumsum(masses, 0) - masses
+        crossing = live & (before + masses > t)
+        at = tl.min(tl.where(crossing, c, SELECT_SPLITS), 0)
+        lo = tl.where(at < SELECT_SPLITS, at.to(tl.int64) * chunk, lo)
+        prefix = tl.where(at < SELECT_SPLITS, tl.sum(tl.where(c == at, before, 0.0), 0), prefix)
+    tl.store(stats_ptr + S_SEARCH_LO, lo)
+    tl.store(stats_ptr + S_SEARCH_PREFIX, f64_word(prefix))
+
+
+@triton.jit
 def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr, stats_ptr, parts_ptr, chunk,
                   BUF: tl.constexpr, INLINE: tl.constexpr):
     """The rounds of a row in the select (the module docstring's), from its state: a row whose
@@ -567,6 +598,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     if phase == PH_PASS:
         _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST)
         tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+        tl.store(stats_ptr + S_LIST_PARTS, 1)
         phase = phase * 0 + PH_ROUNDS
     if phase == PH_ROUNDS:
         done = phase != phase
@@ -586,6 +618,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                     above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
                         row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)
                     tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
+                    tl.store(stats_ptr + S_LIST_PARTS, 0)
                     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
                 else:
                     wanted = have | True
@@ -596,6 +629,9 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 n, _, _, _, _, _, _ = load_list(stats_ptr)
                 token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
                 phase = phase * 0
+            else:
+                _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale,
+                              u.to(tl.float64) * s_kept, LIST)
         tl.store(stats_ptr + S_PHASE, phase)
     return token
 
@@ -622,13 +658,16 @@ def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, pa
 
 @triton.jit
 def select_search(row_ptr, vocab, temperature, u, x_max, stats_ptr, LANES: tl.constexpr):
-    """Step 7 of a row in PH_SEARCH, by one pass over the row (`_search_pass`): its token, else
-    UNDECIDED (a row not in PH_SEARCH)."""
+    """Step 7 of a row in PH_SEARCH by `_search_pass`, from where `_search_start` put it (the
+    part where the prefix crosses t, or the row's start): its token, else UNDECIDED (a row not
+    in PH_SEARCH)."""
     token = tl.zeros((), dtype=tl.int64) + UNDECIDED
     tl.debug_barrier()  # (stored by other threads)
     if tl.load(stats_ptr + S_PHASE) == PH_SEARCH:
         cut, s_kept, _ = load_cut(stats_ptr)
-        token = _search_pass(row_ptr, vocab, x_max, weight_scale(temperature), u.to(tl.float64) * s_kept, cut, LANES)
+        token = _search_pass(row_ptr, tl.load(stats_ptr + S_SEARCH_LO).to(tl.int32), vocab, x_max,
+                             weight_scale(temperature), u.to(tl.float64) * s_kept, cut,
+                             load_f64(stats_ptr + S_SEARCH_PREFIX), LANES)
         tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
         tl.store(stats_ptr + S_PHASE, 0)
     return token

@@ -30,7 +30,7 @@ import triton.language as tl
 
 HOT_WORDS = tl.constexpr(256)  # 512 int32 lanes: `launch.LIGHT_BYTES` * 8 / `sampling_rule.LANE_BITS`
 RESULTS = tl.constexpr(4)
-STATS = tl.constexpr(36)
+STATS = tl.constexpr(39)
 PREFIX_SPLITS = 8  # chunks of a temperature-only row whose end prefix masses it keeps (`launch.prefix_chunks`)
 PREFIX_WORDS = tl.constexpr(2 * PREFIX_SPLITS)
 
@@ -86,11 +86,15 @@ S_SORTED = tl.constexpr(32)  # the entries of this round's sorted list
 S_FINITE_N = tl.constexpr(33)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
 S_FILL = tl.constexpr(34)  # the entries a pass has listed so far (its lanes' atomic adds)
 S_PHASE = tl.constexpr(35)  # where a row is in `cut_select`'s launches: a PH_* below (0: not in the select)
+S_LIST_PARTS = tl.constexpr(36)  # 1: the last pass was split (`parts_of` holds each part's mass above the list)
+S_SEARCH_LO = tl.constexpr(37)  # where step 7's pass starts (the part where the prefix crosses t) ...
+S_SEARCH_PREFIX = tl.constexpr(38)  # ... and the kept mass before it (float64)
 STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
               "threshold_1", "threshold_2", "threshold_3", "list_n", "list_lo", "list_hi", "list_above_hi",
               "list_mass_above_hi_bits", "list_above_lo", "list_mass_above_lo_bits", "cut", "cut_mass_bits",
               "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
-              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill", "phase")
+              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill", "phase", "list_parts",
+              "search_lo", "search_prefix_bits")
 assert len(STAT_NAMES) == STATS.value
 
 # S_PHASE: a row in the sample select, between its launches (`cut_select`)

@@ -193,3 +193,24 @@ def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
                "top_p": torch.tensor([p[2] for p in picked]), "seed": torch.randint(0, 1 << 62, (n,), generator=g)}
         inp = {k: v.to(DEVICE) for k, v in inp.items()}
         check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK))
+
+
+def test_step_7_starts_in_the_part_where_the_prefix_crosses():
+    """After a split pass whose list holds the cut, step 7's pass starts at the part (of
+    SELECT_SPLITS) where the kept prefix crosses t, with the kept mass before it (each part's
+    mass above the list, counted by the pass, plus the listed kept tokens in it): flat rows of
+    V = 6000 float32 (12 parts of 512 logits) under top-p, whose kept sets span every part. The
+    reference's tokens, and starts past the first part for most rows."""
+    g = torch.Generator().manual_seed(65)
+    n, vocab = 8, 6000
+    modes = {"top-p 0.9": (1.0, 0, 0.9), "top-p 0.8": (1.3, 0, 0.8)}
+    inp = _sample_inputs(torch.randn(n, vocab, generator=g), modes, g)
+    scratch = launch.scratch_for(inp["logits"])  # (the default list, 4096: the bracket holds the cut)
+    got = sample_rows_kernel.launch(*[inp[k] for k in SAMPLE_KEYS], scratch=scratch).cpu()
+    check_samples(inp, got)
+    stats = [scratch.stats(r) for r in range(n)]
+    chunk, _ = launch.select_config(vocab, 4)
+    assert [(st["passes"], st["list_parts"]) for st in stats] == [(2, 1)] * n  # (the bracket pass, step 7's)
+    starts = [st["search_lo"] for st in stats]
+    assert all(s % chunk == 0 and s <= int(got[r]) for r, s in enumerate(starts)), (starts, got.tolist())
+    assert sum(s > 0 for s in starts) >= n // 2, starts
