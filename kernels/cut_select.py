@@ -86,6 +86,7 @@ SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then
 SELECT_ROUNDS = tl.constexpr(1)  # `select_rounds`
 SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a row
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
+PICK = tl.constexpr(64)  # items a program of the light launches checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index

@@ -124,7 +124,7 @@ def select_config(vocab: int, itemsize: int) -> tuple[int, int]:
 
 
 def select_programs(device: torch.device) -> int:
-    """Programs of the sample select's light launches (pass, search), each taking items in turn:
+    """Programs of the sample select's pass launch, each taking items in turn:
     what the GPU holds at once at SELECT_WARPS warps and up to ~113 registers (4 programs an SM),
     so that a launch with little to do costs one wave; 4 in the interpreter. A function of the
     device only, never of the row count (as `split_rows`)."""

@@ -28,7 +28,7 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .cut_select import SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds, select_search
+from .cut_select import PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds, select_search
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
                      select_programs, split_rows)
 from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
@@ -83,20 +83,31 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
                          work_ptr, vocab, select_chunk, items, BUF: tl.constexpr, WORK: tl.constexpr,
                          STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """The sample select's later launches on the top-k / top-p rows the FILTERED instance left in
-    it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided; a program a row), or
-    SELECT_PASS (item (row, c): part c of the pass the row wants) and SELECT_SEARCH (step 7),
-    whose fixed number of programs take the `items` in turn (as in `verify.verify_filtered_kernel`).
+    it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided), SELECT_SEARCH (step 7),
+    a program a row, or SELECT_PASS (item (row, c): part c of the pass the row wants), whose
+    fixed number of programs take the `items` in turn (as in `verify.verify_filtered_kernel`).
     A decided row's token goes to out."""
-    if (STAGE == SELECT_PASS) | (STAGE == SELECT_SEARCH):
-        for i in range(tl.program_id(0), items, tl.num_programs(0)):
-            item = i + tl.zeros((), dtype=tl.int32)  # (a tensor in the interpreter too)
-            if STAGE == SELECT_PASS:
-                _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              out_ptr, work_ptr, vocab, select_chunk, item // SELECT_SPLITS, item % SELECT_SPLITS, BUF,
-                              WORK, STAGE, INLINE, LANES)
-            else:
-                _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              out_ptr, work_ptr, vocab, select_chunk, item, 0, BUF, WORK, STAGE, INLINE, LANES)
+    if STAGE == SELECT_PASS:
+        SPLIT: tl.constexpr = SELECT_SPLITS
+        step = tl.num_programs(0)
+        k = tl.arange(0, PICK)
+        for base in range(tl.program_id(0), items, step * PICK):  # PICK items' rows checked at once, then the picked
+            its = base + step * k
+            rows = its // SPLIT
+            live = its < items
+            picked = live & ~is_light(tl.load(temperature_ptr + rows, mask=live, other=0.0),
+                                      tl.load(top_k_ptr + rows, mask=live, other=0),
+                                      tl.load(top_p_ptr + rows, mask=live, other=1.0), vocab)
+            bits = tl.sum(tl.where(picked, tl.full((PICK,), 1, tl.int64) << k.to(tl.int64), 0), 0)  # (one reduction)
+            at = tl.zeros((), dtype=tl.int32)
+            while bits != 0:
+                if (bits & 1) != 0:
+                    item = base + step * at
+                    _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                                  out_ptr, work_ptr, vocab, select_chunk, item // SPLIT, item % SPLIT, BUF, WORK, STAGE,
+                                  INLINE, LANES)
+                bits = (bits >> 1) & 0x7FFFFFFFFFFFFFFF
+                at += 1
     else:
         _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
                       work_ptr, vocab, select_chunk, tl.program_id(0), 0, BUF, WORK, STAGE, INLINE, LANES)
@@ -152,14 +163,14 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
                 chunk, select_chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
                 num_warps=cfg.warps)
 
-        def select(stage, inline=False, items=n, light=False):  # one later stage of the select
-            grid = (select_programs(logits.device),) if light else (n,)
+        def select(stage, inline=False, light=False):  # one later stage of the select
+            grid = (select_programs(logits.device),) if stage == SELECT_PASS else (n,)
             wrap_triton(sample_select_kernel)[grid](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab, select_chunk,
-                items, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
+                n * SELECT_SPLITS.value, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
                 num_warps=SELECT_WARPS if light else heavy.warps)
 
-        select(SELECT_PASS, items=n * SELECT_SPLITS.value, light=True)
+        select(SELECT_PASS, light=True)
         select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
         select(SELECT_SEARCH, light=True)
     return out

@@ -46,7 +46,7 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
                      launch_config, prefix_chunks, select_config, select_programs)
-from .cut_select import (SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds,
+from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds,
                          select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
 from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER, SELECT_SPLITS,
@@ -157,21 +157,29 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
-    its results. The rounds launches: a program a pair slot (`items` of them). The light pass
-    and search launches: a fixed number of programs (`launch.select_programs`) take the items
-    (slots x SELECT_SPLITS parts, or slots) in turn, so that a batch with few such rows pays a
-    few programs' reads of one word, not waves of programs (the rounds launches' registers make
-    that loop spill)."""
-    if (STAGE == SELECT_PASS) | (STAGE == SELECT_SEARCH):
-        for i in range(tl.program_id(0), items, tl.num_programs(0)):
-            item = i + tl.zeros((), dtype=tl.int32)  # (a tensor in the interpreter too)
-            if STAGE == SELECT_PASS:
-                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              work_ptr, vocab, chunk, item // SELECT_SPLITS, item % SELECT_SPLITS, BLOCK, BUF, WORK,
-                              STAGE, INLINE, LANES)
-            else:
-                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              work_ptr, vocab, chunk, item, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+    its results. A program a pair slot, but for the pass: a fixed number of programs
+    (`launch.select_programs`) take its `items` (slots x SELECT_SPLITS parts) in turn, PICK
+    marks in one load, so that a batch with few such rows pays one wave, not 16 programs a slot
+    (a loop like it around the rounds, at their registers, spills)."""
+    if STAGE == SELECT_PASS:
+        SPLIT: tl.constexpr = SELECT_SPLITS
+        step = tl.num_programs(0)
+        k = tl.arange(0, PICK)
+        for base in range(tl.program_id(0), items, step * PICK):  # PICK items' marks in one load, then the marked
+            its = base + step * k
+            marks = tl.load(results_of(work_ptr + (its // SPLIT).to(tl.int64) * WORK, BUF) + R_TOKEN, mask=its < items,
+                            other=0)
+            marked = (its < items) & (marks == FILTERED_ROW)
+            bits = tl.sum(tl.where(marked, tl.full((PICK,), 1, tl.int64) << k.to(tl.int64), 0), 0)  # (one reduction)
+            at = tl.zeros((), dtype=tl.int32)
+            while bits != 0:
+                if (bits & 1) != 0:
+                    item = base + step * at
+                    _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                                  seed_ptr, work_ptr, vocab, chunk, item // SPLIT, item % SPLIT, BLOCK, BUF, WORK,
+                                  STAGE, INLINE, LANES)
+                bits = (bits >> 1) & 0x7FFFFFFFFFFFFFFF
+                at += 1
     else:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                       vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
@@ -286,15 +294,15 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
 
-            def select(stage, inline=False, items=num_rows, light=False):  # one stage of the select
-                grid = (select_programs(device),) if light else (num_rows,)
+            def select(stage, inline=False, light=False):  # one stage of the select
+                grid = (select_programs(device),) if stage == SELECT_PASS else (num_rows,)
                 wrap_triton(verify_filtered_kernel)[grid](
                     logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
-                    select_chunk, items, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline,
-                    LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
+                    select_chunk, num_rows * SELECT_SPLITS.value, BLOCK=heavy.block, BUF=heavy.buf, WORK=width,
+                    STAGE=stage, INLINE=inline, LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
 
             select(SELECT_BEGIN)
-            select(SELECT_PASS, items=num_rows * SELECT_SPLITS.value, light=True)
+            select(SELECT_PASS, light=True)
             select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
             select(SELECT_SEARCH, light=True)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
