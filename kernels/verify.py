@@ -57,6 +57,7 @@ from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, 
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
+GROUP = tl.constexpr(4)  # pair slots a program of the select's rounds launches
 
 
 @triton.jit
@@ -157,10 +158,11 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
-    its results. A program a pair slot, but for the pass: a fixed number of programs
-    (`launch.select_programs`) take its `items` (slots x SELECT_SPLITS parts) in turn, PICK
-    marks in one load, so that a batch with few such rows pays one wave, not 16 programs a slot
-    (a loop like it around the rounds, at their registers, spills)."""
+    its results. Programs: the search's, one a pair slot; the rounds', one for GROUP slots
+    (their marks in one load: a batch with no such rows pays a quarter of the waves); the pass',
+    a fixed number (`launch.select_programs`) taking its `items` (slots x SELECT_SPLITS parts)
+    in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
+    slot (a loop over all slots around the rounds, at their registers, spills)."""
     if STAGE == SELECT_PASS:
         SPLIT: tl.constexpr = SELECT_SPLITS
         step = tl.num_programs(0)
@@ -180,9 +182,22 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
                                   STAGE, INLINE, LANES)
                 bits = (bits >> 1) & 0x7FFFFFFFFFFFFFFF
                 at += 1
-    else:
+    elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                       vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+    else:  # (the rounds: GROUP slots a program, their marks in one load: half the waves of empty programs)
+        slots = tl.program_id(0) * GROUP + tl.arange(0, GROUP)
+        live = slots < items // SELECT_SPLITS
+        marks = tl.load(results_of(work_ptr + slots.to(tl.int64) * WORK, BUF) + R_TOKEN, mask=live, other=0)
+        bits = tl.sum(tl.where(live & (marks == FILTERED_ROW), 1 << tl.arange(0, GROUP), 0), 0)
+        at = tl.zeros((), dtype=tl.int32)
+        while bits != 0:
+            if (bits & 1) != 0:
+                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                              work_ptr, vocab, chunk, tl.program_id(0) * GROUP + at, 0, BLOCK, BUF, WORK, STAGE, INLINE,
+                              LANES)
+            bits = bits >> 1
+            at += 1
 
 
 @triton.jit
@@ -295,7 +310,8 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
 
             def select(stage, inline=False, light=False):  # one stage of the select
-                grid = (select_programs(device),) if stage == SELECT_PASS else (num_rows,)
+                grid = ((select_programs(device),) if stage == SELECT_PASS else (num_rows,) if stage == SELECT_SEARCH
+                        else (triton.cdiv(num_rows, GROUP.value),))
                 wrap_triton(verify_filtered_kernel)[grid](
                     logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
                     select_chunk, num_rows * SELECT_SPLITS.value, BLOCK=heavy.block, BUF=heavy.buf, WORK=width,
