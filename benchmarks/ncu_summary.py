@@ -9,6 +9,7 @@ its launches, total time and share. The runner's own `--timing` gives the wall t
 same calls took, so the difference is launch overhead and host work.
 
     python benchmarks/ncu_summary.py ncu.csv [--top 25] [--out PROFILE.md]
+    python benchmarks/ncu_summary.py ncu.csv --last 9   (one op call's launches, in order)
 """
 
 import argparse
@@ -31,8 +32,9 @@ def kind(name: str) -> str:
     return re.sub(r"<.*>|\(.*\)", "", name).strip() or name
 
 
-def read(path: Path) -> list[tuple[str, float]]:
-    """(kernel name, microseconds) per launch from ncu's --csv output (lines before the header skipped)."""
+def read(path: Path, shapes: bool = False) -> list[tuple]:
+    """(kernel name, microseconds) per launch from ncu's --csv output (lines before the header
+    skipped); with shapes, (name, grid, block, microseconds)."""
     lines = path.read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -44,7 +46,9 @@ def read(path: Path) -> list[tuple[str, float]]:
         unit = row.get("Metric Unit", "nsecond")
         if unit not in UNITS:
             raise SystemExit(f"{path}: unknown time unit {unit!r} for {row.get('Kernel Name')}")
-        out.append((row["Kernel Name"], float(row["Metric Value"].replace(",", "")) * UNITS[unit]))
+        us = float(row["Metric Value"].replace(",", "")) * UNITS[unit]
+        out.append((row["Kernel Name"], row.get("Grid Size", "?"), row.get("Block Size", "?"), us) if shapes
+                   else (row["Kernel Name"], us))
     return out
 
 
@@ -71,8 +75,16 @@ def main(argv=None) -> int:
     ap.add_argument("csv", type=Path)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--last", type=int, default=0,
+                    help="instead, the last N launches one by one, in order, with their grid and block "
+                         "(one call of an op: its launches, e.g. the sample select's stages)")
     args = ap.parse_args(argv)
-    text = "\n".join(summary(read(args.csv), args.top)) + "\n"
+    if args.last:
+        rows = read(args.csv, shapes=True)[-args.last:]
+        text = "\n".join(["| kernel | grid | block | us |", "|---|---|---|---|"]
+                         + [f"| {kind(n)} | {g} | {b} | {us:.1f} |" for n, g, b, us in rows]) + "\n"
+    else:
+        text = "\n".join(summary(read(args.csv), args.top)) + "\n"
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -20,6 +20,8 @@
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
 #                                   Compute (64 greedy owners, 17 new tokens: a step of 16 rows each), grouped by kind ($OUT/PROFILE.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
+#   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
+#                                   and peaked top-p rows and temperature rows ($OUT/LAUNCHES.md)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
@@ -137,6 +139,19 @@ for i in range(64):
 bench)
   timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
   ;;
+launches)
+  # each launch of one dflash_verify call (64 x 16 rows, V = 151936 bf16) under Nsight Compute:
+  # flat top-p 0.9, peaked top-p 0.9, peaked T 0.8 (the sample select's stages one by one)
+  n=0
+  for case in "+top-p 0.9|--flat" "+top-p 0.9|" "temp 0.8|"; do
+    n=$((n + 1)); mode=${case%%|*}; flag=${case#*|}
+    # shellcheck disable=SC2086  # ($flag: one word or none)
+    timeout 170 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/launches.$n.csv" \
+      python3 benchmarks/bench_verify.py --once "$mode" $flag >/dev/null 2>&1
+    echo "## $mode $flag (ncu exit $?)"
+    python3 benchmarks/ncu_summary.py "$OUT/launches.$n.csv" --last 9
+  done | tee "$OUT/LAUNCHES.md"
+  ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
@@ -148,5 +163,5 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|attention|sample-select [options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|attention|sample-select [options]" >&2; exit 2 ;;
 esac

@@ -43,3 +43,14 @@ def test_a_file_without_the_header_is_named(tmp_path):
     path.write_text("no csv here\n")
     with pytest.raises(SystemExit, match="no ncu CSV header"):
         ncu_summary.read(path)
+
+
+def test_the_last_launches_one_by_one_in_order(tmp_path, capsys):
+    path = tmp_path / "ncu.csv"
+    path.write_text("\n".join([HEADER, _row(0, "verify_rows_kernel", "usecond", "98"),
+                               _row(1, "verify_filtered_kernel", "usecond", "1,212.5"),
+                               _row(2, "verify_accept_kernel", "nsecond", "4400")]) + "\n")
+    assert ncu_summary.main([str(path), "--last", "2"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2:4] == ["| verify_filtered_kernel | (64, 1, 1) | (128, 1, 1) | 1212.5 |",
+                          "| verify_accept_kernel | (64, 1, 1) | (128, 1, 1) | 4.4 |"]
