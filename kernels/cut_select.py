@@ -510,6 +510,14 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
 
 
 @triton.jit
+def picked_bits(picked):
+    """[PICK] flags as the bits of one int64 (flag k: bit k): the light launches' loop over the
+    items picked among PICK, one reduction for all of them."""
+    k = tl.arange(0, PICK).to(tl.int64)
+    return tl.sum(tl.where(picked, tl.full((PICK,), 1, tl.int64) << k, 0), 0)
+
+
+@triton.jit
 def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.constexpr):
     """A top-k / top-p row (temperature > 0, a finite logit) enters the select: its state, in PH_ROUNDS.
     mass: S (top-p alone; unread with top-k); listed: the candidates `filtered.collect` left in the

@@ -28,11 +28,12 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .cut_select import PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds, select_search
+from .cut_select import (PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part, select_rounds,
+                         select_search)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
                      select_programs, split_rows)
 from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
-from .sampling_rule import chunk_stats, is_light, light_token_from_chunks
+from .sampling_rule import INT64_MAX, chunk_stats, is_light, light_token_from_chunks
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
             picked = live & ~is_light(tl.load(temperature_ptr + rows, mask=live, other=0.0),
                                       tl.load(top_k_ptr + rows, mask=live, other=0),
                                       tl.load(top_p_ptr + rows, mask=live, other=1.0), vocab)
-            bits = tl.sum(tl.where(picked, tl.full((PICK,), 1, tl.int64) << k.to(tl.int64), 0), 0)  # (one reduction)
+            bits = picked_bits(picked)
             at = tl.zeros((), dtype=tl.int32)
             while bits != 0:
                 if (bits & 1) != 0:
@@ -106,7 +107,7 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
                     _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
                                   out_ptr, work_ptr, vocab, select_chunk, item // SPLIT, item % SPLIT, BUF, WORK, STAGE,
                                   INLINE, LANES)
-                bits = (bits >> 1) & 0x7FFFFFFFFFFFFFFF
+                bits = (bits >> 1) & INT64_MAX  # (a logical shift)
                 at += 1
     else:
         _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,

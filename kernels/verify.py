@@ -46,13 +46,13 @@ from .common import owner_layout, pair_of_slot, uniform
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
                      launch_config, prefix_chunks, select_config, select_programs)
-from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, select_pass_part, select_rounds,
-                         select_search)
+from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part,
+                         select_rounds, select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
 from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER, SELECT_SPLITS,
                       UNDECIDED, UNUSED_SLOT, Scratch, load_f32, load_f64, parts_of, prefixes_of, results_of,
                       scratch_width, stats_of, store_pair, store_results, stored_pair)
-from .sampling_rule import (LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
+from .sampling_rule import (INT64_MAX, LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
                             light_token_from_prefixes, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
@@ -172,7 +172,7 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
             marks = tl.load(results_of(work_ptr + (its // SPLIT).to(tl.int64) * WORK, BUF) + R_TOKEN, mask=its < items,
                             other=0)
             marked = (its < items) & (marks == FILTERED_ROW)
-            bits = tl.sum(tl.where(marked, tl.full((PICK,), 1, tl.int64) << k.to(tl.int64), 0), 0)  # (one reduction)
+            bits = picked_bits(marked)
             at = tl.zeros((), dtype=tl.int32)
             while bits != 0:
                 if (bits & 1) != 0:
@@ -180,7 +180,7 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
                     _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                                   seed_ptr, work_ptr, vocab, chunk, item // SPLIT, item % SPLIT, BLOCK, BUF, WORK,
                                   STAGE, INLINE, LANES)
-                bits = (bits >> 1) & 0x7FFFFFFFFFFFFFFF
+                bits = (bits >> 1) & INT64_MAX  # (a logical shift)
                 at += 1
     elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
