@@ -4,17 +4,18 @@ passes over the row: the sample select (issue #25; designed and simulated in
 
 It runs after the row's first pass (which gave x_max and, for top-p alone, S), in four
 launches that each head makes in this order, the row's stage in its scratch (`S_PHASE`):
-- *begin* (a program a row): the row enters (`select_begin`), then its rounds (`select_rounds`)
-  until one wants a pass;
+- *begin* (one program takes a few rows in turn): the row enters (`select_begin`), then its
+  rounds (`select_rounds`) until one wants a pass;
 - *pass* (SELECT_SPLITS light programs a row, taken in turn by a fixed set of programs): each
   reads one part of the row (`select_pass_part`); the next launch sums the parts in row order;
-- *rounds* (a program a row): the pass folded in, then the rounds until the cut is found, any
-  further pass read by this program itself (so the bound below holds within the launches);
+- *rounds* (likewise): the pass folded in, then the rounds until the cut is found, any further
+  pass read by this program itself (so the bound below holds within the launches);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
   does not hold the kept set.
-The rounds sort (~240 registers: one 8-warp program an SM); the passes, ALU-bound, run at 4
-warps and ~60-110 registers, many programs an SM, and split a row over the GPU when rows are
-few (`sample_rows`).
+The rounds sort (~240 registers: one 8-warp program an SM; `verify.GROUP` rows a program in
+`dflash_verify`); the passes, ALU-bound, run at 4 warps and ~60-110 registers, many programs
+an SM, and split a row over the GPU when rows are few (`sample_rows`). Timed on the H200, the
+rounds launches are now most of the select's time (benchmarks/HISTORY.md, session 49).
 
 The cuts are found in SPEC.md's order, each token packed as (key, index)
 (`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
@@ -69,8 +70,8 @@ from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scal
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
 from .scratch import (PART_WORDS, PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST,
                       S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORTED, S_THRESHOLDS,
-                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut,
-                      load_f64, load_goal, load_list, load_region, store_cut, store_goal, store_list, store_region)
+                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_region,
+                      store_cut, store_goal, store_list, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
