@@ -68,10 +68,10 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
-from .scratch import (PART_WORDS, PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST,
-                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORTED, S_THRESHOLDS,
-                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_region,
-                      store_cut, store_goal, store_list, store_region)
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_PARTS,
+                      S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORTED, S_THRESHOLDS, SELECT_SPLITS,
+                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_part, load_parts_mass_above,
+                      load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -87,7 +87,7 @@ SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then
 SELECT_ROUNDS = tl.constexpr(1)  # `select_rounds`
 SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a row
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
-PICK = tl.constexpr(64)  # items a program of the light launches checks in one load (then only the marked ones)
+PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
@@ -512,10 +512,12 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
 
 @triton.jit
 def picked_bits(picked):
-    """[PICK] flags as the bits of one int64 (flag k: bit k): the light launches' loop over the
-    items picked among PICK, one reduction for all of them."""
-    k = tl.arange(0, PICK).to(tl.int64)
-    return tl.sum(tl.where(picked, tl.full((PICK,), 1, tl.int64) << k, 0), 0)
+    """[N] flags (N <= 64) as the bits of one int64 (flag k: bit k; shift it right logically):
+    the select launches' loops over the items picked among the N they checked in one load, one
+    reduction for all of them."""
+    N: tl.constexpr = picked.shape[0]
+    k = tl.arange(0, N).to(tl.int64)
+    return tl.sum(tl.where(picked, tl.full((N,), 1, tl.int64) << k, 0), 0)
 
 
 @triton.jit
@@ -542,7 +544,6 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
 def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
     """A split pass's parts (`select_pass_part`), summed in the order of the row (the same sums
     whichever program ran first), then `_narrow`."""
-    q = tl.arange(0, 4)
     above_n = tl.zeros((4,), dtype=tl.int64)
     above_m = tl.zeros((4,), dtype=tl.float64)
     lowest = tl.zeros((), dtype=tl.int64) + INT64_MAX
@@ -550,12 +551,12 @@ def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
     m_finite = tl.zeros((), dtype=tl.float64)
     for c in range(0, SELECT_SPLITS):
         if c * chunk < vocab:
-            part = parts_ptr + c * PART_WORDS
-            above_n += tl.load(part + q)
-            above_m += tl.load(part + 4 + q).to(tl.float64, bitcast=True)
-            lowest = tl.minimum(lowest, tl.load(part + 8))
-            n_finite += tl.load(part + 9)
-            m_finite += load_f64(part + 10)
+            part_n, part_m, part_lowest, part_finite_n, part_finite_m = load_part(part_of(parts_ptr, c))
+            above_n += part_n
+            above_m += part_m
+            lowest = tl.minimum(lowest, part_lowest)
+            n_finite += part_finite_n
+            m_finite += part_finite_m
     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
 
 
@@ -574,7 +575,7 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
     if tl.load(stats_ptr + S_LIST_PARTS) != 0:
         c = tl.arange(0, SELECT_SPLITS)
         live = c * chunk < vocab
-        masses = tl.load(parts_ptr + c * PART_WORDS + 5, mask=live, other=0).to(tl.float64, bitcast=True)
+        masses = load_parts_mass_above(parts_ptr, 1, live)  # (threshold 1: the list's top)
         n = tl.load(stats_ptr + S_SORTED)
         for base in range(0, LIST, C):
             index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
@@ -657,13 +658,7 @@ def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, pa
         above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
             row_ptr, lo, tl.minimum(lo + chunk, vocab), x_max, weight_scale(temperature), stats_ptr, list_ptr,
             2 * BUF, LANES)
-        part = parts_ptr + c * PART_WORDS
-        q = tl.arange(0, 4)
-        tl.store(part + q, above_n)
-        tl.store(part + 4 + q, above_m.to(tl.int64, bitcast=True))
-        tl.store(part + 8, lowest)
-        tl.store(part + 9, n_finite)
-        tl.store(part + 10, f64_word(m_finite))
+        store_part(part_of(parts_ptr, c), above_n, above_m, lowest, n_finite, m_finite)
 
 
 @triton.jit

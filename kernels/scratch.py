@@ -103,8 +103,13 @@ PH_PASS = tl.constexpr(2)  # it wants a pass (S_THRESHOLDS): the next pass launc
 PH_SEARCH = tl.constexpr(3)  # its cut is found: the search launch finds its token (step 7)
 
 # A select row's pass parts (`parts_of`): the pass launch's SELECT_SPLITS programs of a row each store
-# PART_WORDS (the counts and masses above the 4 thresholds, the lowest token, the finite count and mass)
+# PART_WORDS (`store_part`, `load_part`)
 SELECT_SPLITS = tl.constexpr(16)
+P_ABOVE_N = tl.constexpr(0)  # 4 words: the count above each of the pass's thresholds ...
+P_ABOVE_M = tl.constexpr(4)  # ... 4 words: the mass above each (float64)
+P_LOWEST = tl.constexpr(8)  # at or below every finite token of the part (`cut_select._threshold_pass`)
+P_FINITE_N = tl.constexpr(9)  # the part's finite tokens ...
+P_FINITE_M = tl.constexpr(10)  # ... and their mass (float64)
 PART_WORDS = tl.constexpr(11)
 
 
@@ -136,6 +141,39 @@ def prefixes_of(work, BUF: tl.constexpr):
 def parts_of(work, BUF: tl.constexpr):
     """A select row's pass parts (SELECT_SPLITS x PART_WORDS words), after its prefix masses."""
     return prefixes_of(work, BUF) + PREFIX_WORDS
+
+
+@triton.jit
+def part_of(parts, c):
+    """Part c's words among a row's `parts_of`."""
+    return parts + c * PART_WORDS
+
+
+@triton.jit
+def store_part(part, above_n, above_m, lowest, n_finite, m_finite):
+    """What a pass program counted over its part: [4] counts and masses above the thresholds,
+    the lowest token, the finite count and mass."""
+    q = tl.arange(0, 4)
+    tl.store(part + P_ABOVE_N + q, above_n)
+    tl.store(part + P_ABOVE_M + q, above_m.to(tl.int64, bitcast=True))
+    tl.store(part + P_LOWEST, lowest)
+    tl.store(part + P_FINITE_N, n_finite)
+    tl.store(part + P_FINITE_M, f64_word(m_finite))
+
+
+@triton.jit
+def load_part(part):
+    """`store_part`'s (above_n [4], above_m [4], lowest, n_finite, m_finite)."""
+    q = tl.arange(0, 4)
+    return (tl.load(part + P_ABOVE_N + q), tl.load(part + P_ABOVE_M + q).to(tl.float64, bitcast=True),
+            tl.load(part + P_LOWEST), tl.load(part + P_FINITE_N), load_f64(part + P_FINITE_M))
+
+
+@triton.jit
+def load_parts_mass_above(parts, k, live):
+    """The mass above threshold k of each part (a [SELECT_SPLITS] vector; 0 where not live)."""
+    c = tl.arange(0, SELECT_SPLITS)
+    return tl.load(parts + c * PART_WORDS + P_ABOVE_M + k, mask=live, other=0).to(tl.float64, bitcast=True)
 
 
 @triton.jit
