@@ -81,15 +81,17 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
 
 @triton.jit
 def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
-                         work_ptr, vocab, select_chunk, items, BUF: tl.constexpr, WORK: tl.constexpr,
+                         work_ptr, vocab, select_chunk, num_rows, BUF: tl.constexpr, WORK: tl.constexpr,
                          STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """The sample select's later launches on the top-k / top-p rows the FILTERED instance left in
     it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided), SELECT_SEARCH (step 7),
     a program a row, or SELECT_PASS (item (row, c): part c of the pass the row wants), whose
-    fixed number of programs take the `items` in turn (as in `verify.verify_filtered_kernel`).
+    fixed number of programs take the items (rows x SELECT_SPLITS parts) in turn (as in
+    `verify.verify_filtered_kernel`).
     A decided row's token goes to out."""
     if STAGE == SELECT_PASS:
         SPLIT: tl.constexpr = SELECT_SPLITS
+        items = num_rows * SPLIT
         step = tl.num_programs(0)
         k = tl.arange(0, PICK)
         for base in range(tl.program_id(0), items, step * PICK):  # PICK items' rows checked at once, then the picked
@@ -164,16 +166,17 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
                 chunk, select_chunk, FILTERED=filtered, BLOCK=cfg.block, BUF=heavy.buf, WORK=width, SPLITS=splits,
                 num_warps=cfg.warps)
 
-        def select(stage, inline=False, light=False):  # one later stage of the select
+        def select(stage, inline=False):  # one later stage of the select (pass and search: the light ones)
             grid = (select_programs(logits.device),) if stage == SELECT_PASS else (n,)
+            light = stage in (SELECT_PASS, SELECT_SEARCH)
             wrap_triton(sample_select_kernel)[grid](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab, select_chunk,
-                n * SELECT_SPLITS.value, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
+                n, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
                 num_warps=SELECT_WARPS if light else heavy.warps)
 
-        select(SELECT_PASS, light=True)
+        select(SELECT_PASS)
         select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
-        select(SELECT_SEARCH, light=True)
+        select(SELECT_SEARCH)
     return out
 
 

@@ -152,7 +152,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
 
 @triton.jit
 def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                           work_ptr, vocab, chunk, items, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                           work_ptr, vocab, chunk, num_rows, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                            STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """Each row the FILTERED row launch marked FILTERED_ROW, decided by the sample select
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
@@ -160,11 +160,12 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
     its results. Programs: the search's, one a pair slot; the rounds', one for GROUP slots
     (their marks in one load: a batch with no such rows pays a quarter of the waves); the pass',
-    a fixed number (`launch.select_programs`) taking its `items` (slots x SELECT_SPLITS parts)
+    a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
     in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
     slot (a loop over all slots around the rounds, at their registers, spills)."""
     if STAGE == SELECT_PASS:
         SPLIT: tl.constexpr = SELECT_SPLITS
+        items = num_rows * SPLIT
         step = tl.num_programs(0)
         k = tl.arange(0, PICK)
         for base in range(tl.program_id(0), items, step * PICK):  # PICK items' marks in one load, then the marked
@@ -185,18 +186,18 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                       vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
-    else:  # (the rounds: GROUP slots a program, their marks in one load: half the waves of empty programs)
+    else:  # (begin and rounds: GROUP slots a program, their marks in one load: a quarter of the empty waves)
         slots = tl.program_id(0) * GROUP + tl.arange(0, GROUP)
-        live = slots < items // SELECT_SPLITS
+        live = slots < num_rows
         marks = tl.load(results_of(work_ptr + slots.to(tl.int64) * WORK, BUF) + R_TOKEN, mask=live, other=0)
-        bits = tl.sum(tl.where(live & (marks == FILTERED_ROW), 1 << tl.arange(0, GROUP), 0), 0)
+        bits = picked_bits(live & (marks == FILTERED_ROW))
         at = tl.zeros((), dtype=tl.int32)
         while bits != 0:
             if (bits & 1) != 0:
                 _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
                               work_ptr, vocab, chunk, tl.program_id(0) * GROUP + at, 0, BLOCK, BUF, WORK, STAGE, INLINE,
                               LANES)
-            bits = bits >> 1
+            bits = (bits >> 1) & INT64_MAX  # (a logical shift)
             at += 1
 
 
@@ -309,18 +310,19 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 *args, GREEDY=False, FILTERED=True, BLOCK=marked.block, BUF=heavy.buf, WORK=width,
                 STAGES=marked.stages, BLOCK_O=BLOCK_O, num_warps=marked.warps)
 
-            def select(stage, inline=False, light=False):  # one stage of the select
+            def select(stage, inline=False):  # one stage of the select (pass and search: the light ones)
                 grid = ((select_programs(device),) if stage == SELECT_PASS else (num_rows,) if stage == SELECT_SEARCH
                         else (triton.cdiv(num_rows, GROUP.value),))
+                light = stage in (SELECT_PASS, SELECT_SEARCH)
                 wrap_triton(verify_filtered_kernel)[grid](
                     logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
-                    select_chunk, num_rows * SELECT_SPLITS.value, BLOCK=heavy.block, BUF=heavy.buf, WORK=width,
-                    STAGE=stage, INLINE=inline, LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
+                    select_chunk, num_rows, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage,
+                    INLINE=inline, LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
 
             select(SELECT_BEGIN)
-            select(SELECT_PASS, light=True)
+            select(SELECT_PASS)
             select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
-            select(SELECT_SEARCH, light=True)
+            select(SELECT_SEARCH)
         wrap_triton(verify_accept_kernel)[(num_owners,)](
             logits, logits.stride(0), offsets, start_position, temperature, seed, work, accepted,
             next_token, num_rows, num_owners, vocab, chunk, GREEDY=greedy, BLOCK=decide.block, BUF=heavy.buf,
