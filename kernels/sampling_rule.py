@@ -55,32 +55,30 @@ def pack_key(key, index):
 
 
 @triton.jit
-def _max_nan(a, b):
-    """max that keeps a NaN (the same on the GPU and in the interpreter, unlike tl.maximum's default)."""
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
                lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
     """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
     adds its whole sums; only the one step that holds the draft masks per logit.
 
-    FAST: no per-logit NaN / +inf handling. The step's max keeps a NaN, so a NaN logit
-    leaves NaN in its lane's max, and a +inf logit leaves +inf in its lane's mass (every
-    other logit gives exactly what the sanitized step gives): `lane_stats` checks the lanes
-    after the pass. +inf counts as FLT_MAX on the step's max: min commutes with max."""
+    FAST: no per-logit NaN / +inf handling. The float max drops a NaN (IEEE maxNum: the GPU's
+    `max.f32`, the interpreter's `nanmax` reduction), as the sanitizing NaN -> -inf would; so
+    greedy rows need no second pass for NaN. A step of NaN only leaves NaN in its step max,
+    which the lane max drops on the GPU and keeps in the interpreter (numpy's elementwise
+    max): a NaN lane max, like the NaN weight of a NaN logit in a sampling row's mass and
+    the +inf of a +inf logit, sends the row to the sanitizing pass (`lane_stats` checks the
+    lanes after the pass); every other logit gives exactly what the sanitized step gives.
+    +inf counts as FLT_MAX on the step's max: min commutes with max."""
     x = raw.to(tl.float32)
     if FAST:
-        step_max = tl.minimum(tl.reduce(x, 1, _max_nan), FLT_MAX, propagate_nan=tl.PropagateNan.ALL)
+        step_max = tl.minimum(tl.max(x, 1), FLT_MAX, propagate_nan=tl.PropagateNan.ALL)
     else:
         x = tl.where(x == x, x, float("-inf"))
         step_max = tl.minimum(tl.max(x, 1), FLT_MAX)
     if COUNT:
         lane_finite += tl.sum((x > float("-inf")).to(tl.int32), 1)
     lane_step = tl.where(step_max > lane_max, start, lane_step)  # earlier steps win ties
-    new_max = _max_nan(lane_max, step_max)
+    new_max = tl.maximum(lane_max, step_max)
     if sampling:
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = scaled_weight(lane_max, m, scale)
@@ -155,8 +153,9 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     logits, one vector load per lane) and folds them into each lane's online max and sums
     (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
     and few instructions per logit (the kernels are bound by the ALU pipe here: ncu on the
-    H200): no NaN / +inf handling per logit (the pass runs again with it, on the rare
-    row where a lane ends with a NaN max or a non-finite mass: `_fold_step`); -0 vs +0 does
+    H200): no NaN / +inf handling per logit (the max drops NaN; the pass runs again with
+    it on the rare row where a lane ends with a NaN max or a non-finite mass: a sampling
+    row with a NaN or +inf logit: `_fold_step`); -0 vs +0 does
     not matter to max, argmax or weights (they compare equal); no argmax per logit (each
     lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
     no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
