@@ -22,6 +22,9 @@
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
 #   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
 #                                   and peaked top-p rows and temperature rows ($OUT/LAUNCHES.md)
+#   scripts/gpu-checks.sh stalls    where the sample select's launches stall: Nsight Compute's PC sampling per
+#                                   SASS instruction on one dflash_verify call over flat top-p 0.9 rows, and
+#                                   the launches' cubins (line info) ($OUT/stalls/: parse offline)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
@@ -152,6 +155,24 @@ launches)
     python3 benchmarks/ncu_summary.py "$OUT/launches.$n.csv" --last 9
   done | tee "$OUT/LAUNCHES.md"
   ;;
+stalls)
+  # the select's four launches of the first dflash_verify call (64 x 16 flat rows, V = 151936 bf16, top-p 0.9),
+  # each instruction's warp-state samples; the cubins map addresses to Python lines (nvdisasm -g)
+  mkdir -p "$OUT/stalls/cubin"
+  cache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  timeout 420 ncu --clock-control none -k regex:verify_filtered_kernel -c 4 --section SourceCounters \
+    --section WarpStateStats --section LaunchStats --section Occupancy --import-source yes -f -o /tmp/stalls \
+    python3 benchmarks/bench_verify.py --once "+top-p 0.9" --flat > "$OUT/stalls/ncu.log" 2>&1
+  echo "ncu exit $?"; tail -3 "$OUT/stalls/ncu.log"
+  ncu -i /tmp/stalls.ncu-rep --csv --page details > "$OUT/stalls/details.csv" 2>&1
+  for view in sass cuda,sass; do
+    ncu -i /tmp/stalls.ncu-rep --csv --page source --print-source "$view" 2>&1 | gzip > "$OUT/stalls/source.${view/,/-}.csv.gz"
+  done
+  find "$cache" -name 'verify_filtered_kernel.cubin' | while read -r f; do
+    d=$(basename "$(dirname "$f")"); cp "$f" "$OUT/stalls/cubin/$d.cubin"; cp "${f%.cubin}.json" "$OUT/stalls/cubin/$d.json"
+  done
+  ls -la "$OUT/stalls" "$OUT/stalls/cubin" | head -20; grep -E "Duration|Registers|Achieved Occupancy" "$OUT/stalls/details.csv" | head -20
+  ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
@@ -163,5 +184,5 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|attention|sample-select [options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|attention|sample-select [options]" >&2; exit 2 ;;
 esac
