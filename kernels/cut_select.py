@@ -43,8 +43,11 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 - Step 7: from the list when it holds the whole kept set (`_list_search`), else one pass over
   the row in index order (`_search_pass`).
 
-Each round sorts one list of LIST packed tokens in registers (one sort call: one sort network
-compiled), stores it back sorted, and reads it CHUNK entries at a time; the search's state
+Each round sorts one list of LIST tokens in registers (one sort call: one sort network
+compiled) as 31-bit values, a key code and the index, or a bucket of codes and the list slot
+where the codes' span leaves too few bits (`_sort_list`: a list round on such a list narrows
+the list to the cut's bucket, no pass), stores it back sorted, and reads it CHUNK entries at
+a time; the search's state
 lives in the row's scratch record between rounds and launches (`scratch`: the region, the
 goal, the list, the cut, the stage). So little is live across the sort, and the launches
 compile for sm_90 without a stack frame (the loop's state in registers spilled).
@@ -69,7 +72,7 @@ import triton.language as tl
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_PARTS,
-                      S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORTED, S_THRESHOLDS, SELECT_SPLITS,
+                      S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT, S_SORTED, S_LIST_CAP, S_THRESHOLDS, SELECT_SPLITS,
                       UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_part, load_parts_mass_above,
                       load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
 
@@ -89,8 +92,9 @@ SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a ro
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
-CHUNK = tl.constexpr(1024)  # sorted list entries per step of the list round, the estimate and `_list_search`
+CHUNK = tl.constexpr(512)  # sorted list entries per step of the list round, the estimate and `_list_search`
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
+FLT_MAX_KEY = tl.constexpr(2139095039)  # ordered_key(FLT_MAX): 0x7F7FFFFF
 
 
 @triton.jit
@@ -288,7 +292,8 @@ def _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, 
     q = tl.arange(0, 4)
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
     picked = tl.load(list_ptr + at, mask=(at >= 0) & (at < n_pts), other=0)
-    t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
+    t = tl.sort(tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked)), descending=True)  # (a list sorted by
+    # buckets is in order between them only)
     return tl.where((q == 3) & ~exact_bot, bot, t)
 
 
@@ -395,27 +400,85 @@ def _list_chunk(list_ptr, n, base, cut, x_max, scale, C: tl.constexpr):
 
 
 @triton.jit
-def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr):
-    """This round's list, sorted in place (SPEC.md's order), its entries at S_SORTED: the list
-    (`have`: a list round), else the sample's points inside the region (a pass round). The one
-    sort of the loop (one sort network compiled); the rest of the round reads the sorted list
-    from scratch, CHUNK entries at a time."""
+def _coarse_key(key, KEY_SHIFT: tl.constexpr):
+    """An int32 key without the KEY_SHIFT low bits that every value of the row's dtype leaves
+    constant (`_sort_list`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
+    of no 16-bit dtype) is the code just above its dtype's largest (that of +inf); int32 still."""
+    return (key >> KEY_SHIFT) + (key == FLT_MAX_KEY).to(key.dtype)
+
+
+@triton.jit
+def _full_key(k, KEY_SHIFT: tl.constexpr):
+    """The key of a `_coarse_key` code."""
+    key = (k << KEY_SHIFT) | tl.where(k < 0, (1 << KEY_SHIFT) - 1, 0)
+    return tl.where(k == (FLT_MAX_KEY >> KEY_SHIFT) + 1, FLT_MAX_KEY, key)
+
+
+@triton.jit
+def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+    """This round's list, sorted in place, its entries at S_SORTED: the list (`have`: a list
+    round), else the sample's points inside the region (a pass round). The one sort of the
+    loop, on 31-bit values (half the work and registers of the packed int64 tokens): each
+    entry's key code (`_coarse_key`; above the list's cap, S_LIST_CAP, one code for them all)
+    less the lowest, above
+    - its index (SPEC.md's order exactly) where the codes' span leaves the bits for it; the
+      tokens follow from the values (those above the cap, in slot order at the top of the
+      values, are gathered from their slots);
+    - else its slot, the codes in buckets of 2^shift (the fewest that fit): the buckets in
+      order, each in slot order (a sample's points: index order), the tokens gathered from
+      the slots. A list round on such a list narrows the list to the cut's bucket
+      (`_narrow_to_bucket`), which leaves a span under 2^shift: an exact sort within 3
+      rounds (2 for 16-bit dtypes at V <= 2^18; `launch.supports`: V <= 2^30).
+    S_SORT_SHIFT (-1: exact) and S_SORT_BASE say which. The rest of the round reads the
+    sorted list from scratch, CHUNK entries at a time."""
     if not have:
         _store_sample(row_ptr, vocab, list_ptr, LIST)
     n, lo, hi, _, _, _, _ = load_list(stats_ptr)
     top, _, _, bot, _, _, _ = load_region(stats_ptr)
+    cap = tl.where(have, tl.load(stats_ptr + S_LIST_CAP), INT64_MAX)
     vals = listed_entries(list_ptr, tl.where(have, n, LIST), tl.where(have, lo, bot), tl.where(have, hi, top), LIST)
-    s = tl.sort(vals, descending=True)
+    real = vals != INT64_MIN
+    index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)
+    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT)  # (int32 from here: half the registers)
+    above = real & (k > cap)
+    k = tl.where(above, (tl.minimum(cap, 2147483646) + 1).to(tl.int32), k)  # (cap < INT64_MAX there)
+    base = tl.min(tl.where(real, k, 2147483647), 0)
+    rel = (k - base).to(tl.uint32, bitcast=True)  # (a span of up to 2^32 codes)
+    span = tl.max(tl.where(real & ~above, rel, 0), 0).to(tl.int64)  # (of the codes <= cap)
+    b = tl.arange(0, 32)
+    index_bits = tl.sum(((tl.full((32,), 1, tl.int64) << b) < vocab).to(tl.int32), 0)  # (the bits of V - 1)
+    exact = ((span + 1) << index_bits) <= 2147483648 - LIST  # (the top LIST values: the entries above the cap)
+    shift = tl.sum((((span + 1) >> b.to(tl.int64)) * LIST >= 2147483648).to(tl.int32), 0)  # (the codes >> shift,
+    # the cap's too, LIST slots each, fit 31 bits)
+    n_real = tl.sum(real.to(tl.int64), 0)
+    slot = tl.arange(0, LIST)
+    low = (1 << index_bits) - 1
+    if exact:
+        v = tl.where(above, 2147483647 - slot, (rel.to(tl.int32, bitcast=True) << index_bits) | (low - index))
+    else:
+        v = (rel >> shift).to(tl.int32, bitcast=True) * LIST + (LIST - 1 - slot)
+    s = tl.sort(tl.where(real, v, -1), descending=True)
+    if exact:
+        key = _full_key(base + (s >> index_bits), KEY_SHIFT)
+        out = pack_key(key, low - (s & low))
+        out = tl.where(s >= 2147483648 - LIST, tl.load(list_ptr + (2147483647 - s), mask=s >= 2147483648 - LIST,
+                                                        other=0), out)
+    else:
+        out = tl.load(list_ptr + (LIST - 1 - (s & (LIST - 1))))
+    out = tl.where(s >= 0, out, INT64_MIN)
     tl.debug_barrier()  # (every thread has loaded the list)
-    tl.store(list_ptr + tl.arange(0, LIST), s)
-    tl.store(stats_ptr + S_SORTED, tl.sum((s != INT64_MIN).to(tl.int64), 0))
+    tl.store(list_ptr + tl.arange(0, LIST), out)
+    tl.store(stats_ptr + S_SORTED, n_real)
+    tl.store(stats_ptr + S_SORT_SHIFT, tl.where(exact, -1, shift).to(tl.int64))
+    tl.store(stats_ptr + S_SORT_BASE, base)
 
 
 @triton.jit
-def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.constexpr):
+def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """A list round on the sorted list: the cut, if the list holds it (`store_cut`; for top-k with
-    top-p, top-p's search starts, first in the same list); else the list's ends narrow the
-    region, and a pass round follows. Returns whether the search is done."""
+    top-p, top-p's search starts, first in the same list), or, where `_sort_list` sorted it by
+    buckets, the list narrowed to the cut's bucket for the next list round; else the list's
+    ends narrow the region, and a pass round follows. Returns whether the search is done."""
     tl.debug_barrier()  # (the sorted list and its stats were stored by other threads)
     n_real = tl.load(stats_ptr + S_SORTED)
     _, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
@@ -428,7 +491,11 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
     c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
     top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
     done = tl.zeros((), dtype=tl.int1)
-    if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
+    shift = tl.load(stats_ptr + S_SORT_SHIFT)
+    if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite) & (shift >= 0):  # in the list, sorted by buckets
+        _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, tl.load(list_ptr + tl.maximum(n_kept - 1, 0)),
+                          shift, x_max, scale, LIST, KEY_SHIFT)
+    elif top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
         cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
         s_kept = m_hi + kept_mass
         store_cut(stats_ptr, cut, s_kept, c_hi == 0)
@@ -436,7 +503,7 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
         if not done:  # top-k's cut: top-p's next, inside the top-k set (S_k exact), first in this list
             store_goal(stats_ptr, top_p.to(tl.float64) * s_kept, done | True)
             store_region(stats_ptr, INT64_MAX, c_hi * 0, s_kept * 0.0, cut - 1, c_hi + n_kept, s_kept, done | True)
-            store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept)
+            store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept, INT64_MAX)
     else:  # the cut is below the list, or above it
         top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
         if top_in:
@@ -445,6 +512,37 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
             store_region(stats_ptr, top, c_top, m_top, hi, c_hi, m_hi, exact | True)
         tl.store(stats_ptr + S_HAVE_LIST, 0)
     return done
+
+
+@triton.jit
+def _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, cut, shift, x_max, scale, LIST: tl.constexpr,
+                      KEY_SHIFT: tl.constexpr):
+    """The list (lo, hi], sorted by buckets (`_sort_list`), narrowed to the bucket of `cut` (the
+    entry where the cut fell in that order: the cut's bucket, as the buckets' order and the
+    count and mass above each are exact): its lowest key raises lo (the count and mass above
+    it summed, CHUNK entries at a time), and the codes above the bucket's sort as one (the
+    cap); hi stays, so that the list keeps every token above the cut (`_search_start`)."""
+    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    base = tl.load(stats_ptr + S_SORT_BASE)
+    cap = tl.load(stats_ptr + S_LIST_CAP)
+    b_cut = (tl.minimum(_coarse_key(cut >> 32, KEY_SHIFT), cap + (cap < INT64_MAX).to(tl.int64)) - base) >> shift
+    key_min = tl.zeros((), dtype=tl.int64) + INT64_MAX
+    code_max = tl.zeros((), dtype=tl.int64) + INT64_MIN
+    c_lo = tl.zeros((), dtype=tl.int64)
+    m_lo = tl.zeros((), dtype=tl.float64)
+    for start in range(0, LIST, C):
+        i = start + tl.arange(0, C)
+        p = tl.load(list_ptr + i, mask=i < n_real, other=INT64_MIN)
+        code = _coarse_key(p >> 32, KEY_SHIFT)
+        bucket = (tl.minimum(code, cap + (cap < INT64_MAX).to(tl.int64)) - base) >> shift
+        inside = (p != INT64_MIN) & (bucket == b_cut)
+        kept = (p != INT64_MIN) & (bucket >= b_cut)
+        key_min = tl.minimum(key_min, tl.min(tl.where(inside, p >> 32, INT64_MAX), 0))
+        code_max = tl.maximum(code_max, tl.max(tl.where(inside, code, INT64_MIN), 0))
+        c_lo += tl.sum(kept.to(tl.int64), 0)
+        m_lo += tl.sum(tl.where(kept, packed_weights(p, x_max, scale), 0.0), 0)
+    store_list(stats_ptr, n_real, tl.maximum(lo, (key_min << 32) - 1), hi, c_hi, m_hi, c_hi + c_lo, m_hi + m_lo,
+               tl.minimum(code_max, cap))
 
 
 @triton.jit
@@ -507,7 +605,7 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
         m_first = tl.sum(tl.where(q == 1, above_m, 0.0), 0)
         m_last = tl.sum(tl.where(q == 2, above_m, 0.0), 0)
         store_list(stats_ptr, stored, tl.sum(tl.where(q == 2, t, 0), 0), tl.sum(tl.where(q == 1, t, 0), 0), c_first,
-                   m_first, c_first + stored, m_last)
+                   m_first, c_first + stored, m_last, INT64_MAX)
 
 
 @triton.jit
@@ -531,7 +629,7 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
     store_goal(stats_ptr, tl.where(use_k, top_k.to(tl.float64), top_p.to(tl.float64) * mass), ~use_k)
     store_region(stats_ptr, INT64_MAX, zero, zero.to(tl.float64), INT64_MIN, zero + vocab, mass, zero != 0)
     store_list(stats_ptr, listed, ((bound - KEY_OFFSET) << 32) - 1, zero + INT64_MAX, zero, zero.to(tl.float64),
-               zero - 1, zero.to(tl.float64))
+               zero - 1, zero.to(tl.float64), zero + INT64_MAX)
     tl.store(stats_ptr + S_HAVE_LIST, ((listed >= 0) & (listed <= LIST)).to(tl.int64))
     tl.store(stats_ptr + S_BRACKETS, 0)
     tl.store(stats_ptr + S_PASSES, 0)
@@ -568,7 +666,7 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
     prefix crosses t (t = u S_kept) and reads one part, not the row; else at the row's start.
     Part sums and the pass's differ in order only (SPEC.md's legal difference): the pass goes on
     past the part if its own sums cross later."""
-    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    C: tl.constexpr = CHUNK // 4 if CHUNK // 4 < LIST else LIST  # (a [C, SELECT_SPLITS] float64 sum: 32 registers)
     lo = tl.zeros((), dtype=tl.int64)
     prefix = tl.zeros((), dtype=tl.float64)
     tl.debug_barrier()  # (stored by other threads)
@@ -601,6 +699,8 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     token, or UNDECIDED. The state lives in the row's stats between rounds (`scratch`), so that
     little is live across each round's sort; passes are counted at S_PASSES."""
     LIST: tl.constexpr = 2 * BUF
+    DT: tl.constexpr = row_ptr.dtype.element_ty
+    KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`_coarse_key`)
     scale = weight_scale(temperature)
     use_p = filters(top_k, top_p, vocab)[1]
     token = tl.zeros((), dtype=tl.int64) + UNDECIDED
@@ -619,9 +719,9 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
             rounds += 1
             tl.debug_barrier()  # (stored by other threads)
             have = tl.load(stats_ptr + S_HAVE_LIST) != 0
-            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST)
+            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST, KEY_SHIFT)
             if have:
-                done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST)
+                done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT)
             else:
                 _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
                 if INLINE:

@@ -10,7 +10,7 @@ warps, 5 stages): the streaming argmax of `sampling_rule.scan_lanes` (NaN as -in
 +inf as FLT_MAX, the lowest index of the maximum), then -1 for a row with no finite
 logit (`sampling_rule.light_decision`). Nothing random, no host synchronisation.
 
-Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31.
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V <= 2^30.
 Reference: `export.models.layers.GreedyRows`.
 """
 

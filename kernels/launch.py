@@ -134,9 +134,10 @@ def select_programs(device: torch.device) -> int:
 
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
-    """The domain of every head kernel: float32 / bfloat16 / float16 logits, 1 <= V < 2^31
-    (indices are packed in 32 bits next to the 32-bit keys)."""
-    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab < 2**31
+    """The domain of every head kernel: float32 / bfloat16 / float16 logits, 1 <= V <= 2^30
+    (indices are packed in 32 bits next to the 32-bit keys; the sample select's sort holds an
+    index and at least two key codes in 31 bits: `cut_select._sort_list`)."""
+    return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab <= 2**30
 
 
 def check_inputs(op: str, logits: torch.Tensor, **named: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ Algorithm, three steps (no host synchronisation between their launches):
    pass, rounds and search launches (the pass split over 16 light programs a row: 64 rows
    fill the GPU).
 
-Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31,
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V <= 2^30,
 CUDA tensors (or CPU under TRITON_INTERPRET=1). Reference: `export.heads.SampleRows`.
 """
 

@@ -33,7 +33,7 @@ Algorithm, four steps (no host synchronisation between their launches):
 Greedy owners take the argmax path inside the same launch. Invalid, empty and
 not-admitted owners give (0, -1) and read nothing.
 
-Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31.
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V <= 2^30.
 Reference: `export.heads.DFlashVerify`.
 """
 

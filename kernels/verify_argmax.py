@@ -5,7 +5,7 @@ streaming argmax over the row (lowest index of the maximum, NaN as -inf, +inf as
 FLT_MAX), then per owner the first unmatched draft. No randomness, no sampling
 inputs.
 
-Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V < 2^31.
+Supported domain (`supports`): float32 / bfloat16 / float16 logits, 1 <= V <= 2^30.
 Reference: `export.heads.DFlashVerifyArgmax`.
 """
 

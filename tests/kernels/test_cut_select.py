@@ -14,12 +14,13 @@ import os
 import pytest
 import torch
 import triton
+import triton.language as tl
 from conftest import DEVICE
 from kernel_parity import check_samples, check_verify
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads
-from dflash_et.kernels import cut_select, launch
+from dflash_et.kernels import cut_select, launch, scratch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
 
@@ -214,3 +215,74 @@ def test_step_7_starts_in_the_part_where_the_prefix_crosses():
     starts = [st["search_lo"] for st in stats]
     assert all(s % chunk == 0 and s <= int(got[r]) for r, s in enumerate(starts)), (starts, got.tolist())
     assert sum(s > 0 for s in starts) >= n // 2, starts
+
+
+@triton.jit
+def _sort_list_kernel(row_ptr, vocab, list_ptr, stats_ptr, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+    cut_select._sort_list(row_ptr, vocab, list_ptr, stats_ptr, tl.program_id(0) >= 0, LIST, KEY_SHIFT)
+
+
+def _packed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """SPEC.md's packed tokens (key << 32 | ~index) of float32 values."""
+    bits = values.float().view(torch.int32).long()
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (key << 32) | (0xFFFFFFFF - indices)
+
+
+def _sorted_by_kernel(packed, vocab, cap=None, key_shift=0, lo=None, hi=None, list_size=256):
+    """(the list after `_sort_list`'s list round on `packed` (its slots in this order), stats)."""
+    n = packed.numel()
+    list_ = torch.full((list_size,), -2**63, dtype=torch.int64)
+    list_[:n] = packed
+    stats = torch.zeros(64, dtype=torch.int64)
+    for word, value in ((scratch.S_LIST_N, n), (scratch.S_LIST_LO, -2**63 if lo is None else lo),
+                        (scratch.S_LIST_HI, 2**63 - 1 if hi is None else hi),
+                        (scratch.S_LIST_CAP, 2**63 - 1 if cap is None else cap)):
+        stats[word.value] = value
+    row = torch.zeros(vocab, dtype=torch.float32)
+    list_, stats = list_.to(DEVICE), stats.to(DEVICE)
+    _sort_list_kernel[(1,)](row.to(DEVICE), vocab, list_, stats, LIST=list_size, KEY_SHIFT=key_shift)
+    return list_.cpu(), stats.cpu()
+
+
+def test_the_list_sort_is_exact_by_key_and_index_or_by_buckets():
+    """`_sort_list` on 32-bit values: SPEC.md's order exactly (key descending, then index) where
+    the key codes' span leaves bits for the index: bfloat16 codes (the key >> 16) with many ties,
+    FLT_MAX (a sanitized +inf) above the largest bfloat16; else buckets of 2^shift codes in order,
+    in slot order inside (float32 keys over a wide span), each token kept; with a cap, the codes
+    above it first (in slot order), the rest exact; the range (lo, hi] only."""
+    g = torch.Generator().manual_seed(90)
+    vocab = 3000
+    idx = torch.randperm(vocab, generator=g)[:200]
+    ties = (torch.randn(200, generator=g) * 2).round().bfloat16().float()
+    ties[:3] = torch.tensor([3.4028234663852886e38, 3.3895313892515355e38, -3.3895313892515355e38])  # FLT_MAX, bf16 max
+    packed = _packed(ties, idx)
+    got, stats = _sorted_by_kernel(packed, vocab, key_shift=16)
+    assert stats[scratch.S_SORT_SHIFT.value] == -1 and stats[scratch.S_SORTED.value] == 200
+    assert torch.equal(got[:200], packed.sort(descending=True).values)
+    assert (got[200:] == -2**63).all()
+
+    wide = torch.randn(200, generator=g) * 10.0  # float32 keys over ~2^30 codes: buckets
+    packed = _packed(wide, idx)
+    got, stats = _sorted_by_kernel(packed, vocab)
+    shift = int(stats[scratch.S_SORT_SHIFT.value])
+    base = int(stats[scratch.S_SORT_BASE.value])
+    assert shift > 0
+    assert sorted(got[:200].tolist()) == sorted(packed.tolist())
+    buckets = ((got[:200] >> 32) - base) >> shift
+    assert (buckets[1:] <= buckets[:-1]).all()
+    slots = {v: s for s, v in enumerate(packed.tolist())}
+    for b in buckets.unique().tolist():  # slot order inside a bucket
+        order = [slots[v] for v in got[:200][buckets == b].tolist()]
+        assert order == sorted(order)
+
+    near = 1.0 + torch.randint(0, 1000, (200,), generator=g) * 2.0**-23  # codes within 1000 (ties too) ...
+    near[:30] = 5.0 + torch.rand(30, generator=g) * 90  # ... and 30 far above the cap: one code, then exact
+    packed = _packed(near, idx)
+    lo = int(packed.sort().values[19])  # (lo, hi]: the top 180 tokens
+    got, stats = _sorted_by_kernel(packed, vocab, cap=int(_packed(torch.tensor([2.0]), torch.tensor([0])) >> 32),
+                                   lo=lo)
+    inside = packed[packed > lo]
+    assert stats[scratch.S_SORT_SHIFT.value] == -1 and stats[scratch.S_SORTED.value] == 180
+    assert sorted(got[:30].tolist()) == sorted(packed[:30].tolist())
+    assert torch.equal(got[30:180], inside[inside < packed[:30].min()].sort(descending=True).values)
