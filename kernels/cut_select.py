@@ -92,7 +92,9 @@ SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a ro
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
-CHUNK = tl.constexpr(512)  # sorted list entries per step of the list round, the estimate and `_list_search`
+CHUNK = tl.constexpr(512)  # sorted list entries per step of the list rounds, the estimate and `_list_search`
+# (1024 left the rounds launch a stack frame once the sort took 31-bit values)
+SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
 FLT_MAX_KEY = tl.constexpr(2139095039)  # ordered_key(FLT_MAX): 0x7F7FFFFF
 
@@ -113,11 +115,11 @@ def _store_sample(row_ptr, vocab, list_ptr, N: tl.constexpr):
     in N / R runs of R consecutive ones (R = RUN, or 1 below RUN_POINTS points), the runs evenly
     spread over the row (V > N here: the runs do not overlap)."""
     R: tl.constexpr = RUN if N >= RUN_POINTS else 1
-    C: tl.constexpr = CHUNK if CHUNK < N else N
+    C: tl.constexpr = SAMPLE_CHUNK if SAMPLE_CHUNK < N else N
     stride = (tl.zeros((), dtype=tl.float32) + vocab) / (N // R)  # (float: an int64 division per element is a
     # software routine on the GPU, heavy in registers)
     tl.debug_barrier()  # (every thread has read the list before it is overwritten)
-    for base in range(0, N, C):  # (CHUNK at a time: a gather's addresses take registers per element)
+    for base in range(0, N, C):  # (SAMPLE_CHUNK at a time: a gather's addresses take registers per element)
         i = base + tl.arange(0, C)
         index = ((i // R).to(tl.float32) * stride).to(tl.int32) + i % R
         x = sanitize(tl.load(row_ptr + index, mask=index < vocab, other=float("-inf")))
