@@ -71,10 +71,11 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
-from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_PARTS,
-                      S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT, S_SORTED, S_LIST_CAP, S_THRESHOLDS, SELECT_SPLITS,
-                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_part, load_parts_mass_above,
-                      load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
+                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT,
+                      S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal,
+                      load_list, load_part, load_parts_mass_above, load_region, part_of, store_cut, store_goal,
+                      store_list, store_part, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -495,8 +496,8 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
     done = tl.zeros((), dtype=tl.int1)
     shift = tl.load(stats_ptr + S_SORT_SHIFT)
     if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite) & (shift >= 0):  # in the list, sorted by buckets
-        _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, tl.load(list_ptr + tl.maximum(n_kept - 1, 0)),
-                          shift, x_max, scale, LIST, KEY_SHIFT)
+        at_cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))
+        _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, at_cut, shift, x_max, scale, LIST, KEY_SHIFT)
     elif top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
         cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
         s_kept = m_hi + kept_mass

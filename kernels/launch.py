@@ -42,7 +42,8 @@ def launch_config(vocab: int, cap: int | None = None, block: int | None = None,
     load without a mask, which keeps the pipeline's registers flat in its depth: 5 stages
     keep 4 steps (32 KB) in flight per program, 64 KB per SM (96 KB greedy), above what
     Little's law asks of the H200's HBM (masked steps cost registers and spilled). These
-    passes are bound by the ALU pipe rather than by bytes in flight (RESULTS.md's history, session 17).
+    passes are bound by the ALU pipe rather than by bytes in flight (benchmarks/HISTORY.md,
+    sessions 13-22's tables: session 17).
     The filtered config decides top-k / top-p rows from their candidates (sorts in
     registers) and runs the sample select (`cut_select`); smaller blocks keep ptxas under 255
     registers without spills on sm_90.
@@ -72,7 +73,7 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     config's because this launch's programs wait at their barriers: with 4 warps they wait
     for fewer, and the registers leave several programs per SM (the FILTERED path is a launch
     of its own for the same reason). The other shapes tried (2 KB / 2 warps, 8 KB / 8 warps,
-    3 stages, more warps per SM) were slower: benchmarks/RESULTS.md's history, session 17. `block` as
+    3 stages, more warps per SM) were slower: benchmarks/HISTORY.md, sessions 13-22's tables: session 17. `block` as
     in `launch_config`."""
     block = pass_step(DECIDE_BYTES, vocab, block, itemsize)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
@@ -105,7 +106,7 @@ def prefix_chunks(vocab: int, block: int) -> tuple[int, int]:
     a row's prefix mass at each chunk end (a block reduction in its pass), the accept kernel's
     search reads one chunk. 8 chunks: fewer reductions in the pass for a slightly longer
     search, the best of the layouts timed (16 chunks, per-warp reductions, unreduced lane
-    stores, a separate chunk launch: benchmarks/RESULTS.md's history, session 18)."""
+    stores, a separate chunk launch: benchmarks/HISTORY.md, sessions 13-22's tables: session 18)."""
     return split_rows(vocab, block, PREFIX_SPLITS)
 
 

@@ -18,7 +18,7 @@ Algorithm, four steps (no host synchronisation between their launches):
    the lanes that can hold a candidate), decided there when <= 256 candidates settle them
    (one sort entry per thread). The pass itself stays in launch 1, at that launch's
    occupancy: the FILTERED instance needs more registers, and the pass there ran slower
-   (benchmarks/RESULTS.md's history, sessions 20-21).
+   (benchmarks/HISTORY.md, sessions 13-22's tables).
 3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
    select each (`cut_select.py`: begin, pass, rounds, search): the decision of each top-k /
    top-p row launch 2 left undecided, from its candidates, then passes over the row (a
