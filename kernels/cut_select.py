@@ -47,10 +47,10 @@ Each round sorts one list of LIST tokens in registers (one sort call: one sort n
 compiled) as 31-bit values, a key code and the index, or a bucket of codes and the list slot
 where the codes' span leaves too few bits (`_sort_list`: a list round on such a list narrows
 the list to the cut's bucket, no pass), stores it back sorted, and reads it CHUNK entries at
-a time; the search's state
-lives in the row's scratch record between rounds and launches (`scratch`: the region, the
-goal, the list, the cut, the stage). So little is live across the sort, and the launches
-compile for sm_90 without a stack frame (the loop's state in registers spilled).
+a time; the search's state lives in the row's scratch record between rounds and launches
+(`scratch`: the region, the goal, the list, the cut, the stage). So little is live across the
+sort, and the launches compile for sm_90 without a stack frame (the loop's state in registers
+spilled).
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),

@@ -73,8 +73,8 @@ def decide_config(vocab: int, block: int | None = None, itemsize: int = 2) -> Ro
     config's because this launch's programs wait at their barriers: with 4 warps they wait
     for fewer, and the registers leave several programs per SM (the FILTERED path is a launch
     of its own for the same reason). The other shapes tried (2 KB / 2 warps, 8 KB / 8 warps,
-    3 stages, more warps per SM) were slower: benchmarks/HISTORY.md, sessions 13-22's tables: session 17. `block` as
-    in `launch_config`."""
+    3 stages, more warps per SM) were slower: benchmarks/HISTORY.md, sessions 13-22's tables:
+    session 17. `block` as in `launch_config`."""
     block = pass_step(DECIDE_BYTES, vocab, block, itemsize)
     return RowConfig(block=block, warps=4 if block >= 512 else 2, stages=5, cap=16, buf=32)
 

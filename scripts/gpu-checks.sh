@@ -166,12 +166,15 @@ stalls)
   echo "ncu exit $?"; tail -3 "$OUT/stalls/ncu.log"
   ncu -i /tmp/stalls.ncu-rep --csv --page details > "$OUT/stalls/details.csv" 2>&1
   for view in sass cuda,sass; do
-    ncu -i /tmp/stalls.ncu-rep --csv --page source --print-source "$view" 2>&1 | gzip > "$OUT/stalls/source.${view/,/-}.csv.gz"
+    ncu -i /tmp/stalls.ncu-rep --csv --page source --print-source "$view" 2>&1 \
+      | gzip > "$OUT/stalls/source.${view/,/-}.csv.gz"
   done
   find "$cache" -name 'verify_filtered_kernel.cubin' | while read -r f; do
-    d=$(basename "$(dirname "$f")"); cp "$f" "$OUT/stalls/cubin/$d.cubin"; cp "${f%.cubin}.json" "$OUT/stalls/cubin/$d.json"
+    d=$(basename "$(dirname "$f")")
+    cp "$f" "$OUT/stalls/cubin/$d.cubin"; cp "${f%.cubin}.json" "$OUT/stalls/cubin/$d.json"
   done
-  ls -la "$OUT/stalls" "$OUT/stalls/cubin" | head -20; grep -E "Duration|Registers|Achieved Occupancy" "$OUT/stalls/details.csv" | head -20
+  ls -la "$OUT/stalls" "$OUT/stalls/cubin" | head -20
+  grep -E "Duration|Registers|Achieved Occupancy" "$OUT/stalls/details.csv" | head -20
   ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
