@@ -1,9 +1,10 @@
 """Two costs of Triton 3.7's interpreter (TRITON_INTERPRET=1) that our kernel tests pay
 over and over, removed without changing what a kernel computes. Installed by conftest.py.
 
-- **`tl.reduce` with a combine function of our own** (`_max_nan` in kernels/sampling_rule.py,
-  in the first pass over every row). The interpreter reduces one element at a time in Python,
-  wrapping each scalar in a tensor: 86% of an interpreter test's time in a profile. Here the
+- **`tl.reduce` with a combine function not its own** (`tl.sort`'s `xor_sum`, in every round of
+  kernels/cut_select.py; until session 50 also a NaN-keeping max in the first pass over every
+  row). The interpreter reduces one element at a time in Python, wrapping each scalar in a
+  tensor: 86% of an interpreter test's time in a profile, when that max was there. Here the
   same combine function is applied to whole slices, pairing neighbours (elements 2i and
   2i+1) until one is left. `tl.reduce` asks only for an associative combine function, and
   neighbour pairs keep the left-to-right order, so the result is one the element-wise fold

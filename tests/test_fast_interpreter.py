@@ -1,5 +1,5 @@
 """fast_interpreter.py (installed by conftest.py) computes what Triton's own interpreter
-computes: a kernel that reduces with our combine functions (the kernels' `_max_nan` on rows
+computes: a kernel that reduces with our combine functions (a max that keeps NaN, on rows
 with NaN, infinities and ties, along each axis and over the whole block; an order-sensitive
 combine, the first non-zero; a tuple combine, max with the lowest index, on rows without
 NaN) through @triton.jit helpers gives the same bits with both installed and with neither;
@@ -15,9 +15,13 @@ import triton.language as tl
 from triton.runtime import interpreter
 
 import fast_interpreter
-from dflash_et.kernels.sampling_rule import _max_nan
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter is not on")
+
+
+@triton.jit
+def _max_nan(a, b):  # a max that keeps a NaN (the same on the GPU and in the interpreter)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
