@@ -40,8 +40,8 @@ to hold the cut, with the exact count and mass of the tokens above each end.
   whole.
 - top-k + top-p: the top-k cut first, then the top-p cut inside the top-k set (S_k exact
   from the top-k cut's list), often from the same list.
-- Step 7: from the list when it holds the whole kept set (`_list_search`), else one pass over
-  the row in index order (`_search_pass`).
+- Step 7: from the list when it holds the whole kept set (a last round sorts it by index:
+  `_index_search`), else one pass over the row in index order (`_search_pass`).
 
 Each round sorts one list of LIST tokens in registers (one sort call: one sort network
 compiled) as 31-bit values, a key code and the index, or a bucket of codes and the list slot
@@ -70,8 +70,8 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
-from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, SEARCH_PROBES, filters, pack, pack_key
-from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_CUT, S_CUT_LISTED, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
                       S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT,
                       S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal,
                       load_list, load_part, load_parts_mass_above, load_region, part_of, store_cut, store_goal,
@@ -93,7 +93,7 @@ SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a ro
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
-CHUNK = tl.constexpr(512)  # sorted list entries per step of the list rounds, the estimate and `_list_search`
+CHUNK = tl.constexpr(512)  # sorted list entries per step of the list rounds, the estimate and `_index_search`
 # (1024 left the rounds launch a stack frame once the sort took 31-bit values)
 SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
@@ -366,32 +366,29 @@ def _search_pass(row_ptr, lo, vocab, x_max, scale, t, cut, prefix, LANES: tl.con
 
 
 @triton.jit
-def _list_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
-    """SPEC.md step 7 over the kept set {p >= cut} held in the list's first n entries (any order):
-    `sampling_rule.search_candidates`' search over the index (SEARCH_PROBES probes a round, the
-    smallest kept index whose inclusive prefix exceeds t = u * S, else the largest kept index of
-    positive weight), with the list read CHUNK entries at a time (a [LIST, probes] sum in
-    registers spilled on sm_90)."""
+def _index_search(list_ptr, n, x_max, scale, u, LIST: tl.constexpr):
+    """SPEC.md step 7 over the kept set, its n tokens sorted by index in the list (`_sort_list`
+    by_index): the smallest index whose inclusive prefix mass exceeds t = u * S (S: their
+    mass), else the largest of positive weight; CHUNK entries a step, the prefix carried."""
     C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
     total = tl.zeros((), dtype=tl.float64)
-    hi = tl.zeros((), dtype=tl.int64) - 1
     for base in range(0, LIST, C):
-        index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
-        total += tl.sum(e, 0)
-        hi = tl.maximum(hi, tl.max(tl.where(e > 0, index, -1), 0))
+        i = base + tl.arange(0, C)
+        total += tl.sum(packed_weights(tl.load(list_ptr + i, mask=i < n, other=INT64_MIN), x_max, scale), 0)
     t = u.to(tl.float64) * total
-    lo = tl.zeros((), dtype=tl.int64) - 1  # prefix(lo) <= t (none below index 0)
-    probe = 1 + tl.arange(0, SEARCH_PROBES)
-    while hi - lo > 1:
-        mids = tl.minimum(lo + tl.maximum((hi - lo) // (SEARCH_PROBES + 1), 1) * probe, hi - 1)
-        sums = tl.zeros((SEARCH_PROBES,), dtype=tl.float64)
-        for base in range(0, LIST, C):
-            index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
-            sums += tl.sum(tl.where(index[:, None] <= mids[None, :], e[:, None], 0.0), 0)
-        above = sums > t
-        hi = tl.min(tl.where(above, mids, hi), 0)
-        lo = tl.max(tl.where(above, lo, mids), 0)
-    return hi
+    carry = tl.zeros((), dtype=tl.float64)
+    token = tl.zeros((), dtype=tl.int64) - 1
+    last = tl.zeros((), dtype=tl.int64) - 1
+    for base in range(0, LIST, C):
+        i = base + tl.arange(0, C)
+        p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
+        e = packed_weights(p, x_max, scale)
+        index = (p & LOW_BITS) ^ LOW_BITS
+        first = tl.min(tl.where((i < n) & (carry + tl.cumsum(e, 0) > t), index, INT64_MAX), 0)
+        token = tl.where((token < 0) & (first < INT64_MAX), first, token)
+        last = tl.maximum(last, tl.max(tl.where(e > 0, index, -1), 0))
+        carry += tl.sum(e, 0)
+    return tl.where(token >= 0, token, last)
 
 
 @triton.jit
@@ -418,7 +415,7 @@ def _full_key(k, KEY_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """This round's list, sorted in place, its entries at S_SORTED: the list (`have`: a list
     round), else the sample's points inside the region (a pass round). The one sort of the
     loop, on 31-bit values (half the work and registers of the packed int64 tokens): each
@@ -432,13 +429,17 @@ def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr, KE
       the slots. A list round on such a list narrows the list to the cut's bucket
       (`_narrow_to_bucket`), which leaves a span under 2^shift: an exact sort within 3
       rounds (2 for 16-bit dtypes at V <= 2^18; `launch.supports`: V <= 2^30).
-    S_SORT_SHIFT (-1: exact) and S_SORT_BASE say which. The rest of the round reads the
-    sorted list from scratch, CHUNK entries at a time."""
+    S_SORT_SHIFT (-1: exact) and S_SORT_BASE say which. by_index (a list that holds the whole
+    kept set, its cut found): the kept tokens by index instead, for step 7 (`_index_search`;
+    their logits read again from the row). The rest of the round reads the sorted list from
+    scratch, CHUNK entries at a time."""
     if not have:
         _store_sample(row_ptr, vocab, list_ptr, LIST)
     n, lo, hi, _, _, _, _ = load_list(stats_ptr)
     top, _, _, bot, _, _, _ = load_region(stats_ptr)
-    cap = tl.where(have, tl.load(stats_ptr + S_LIST_CAP), INT64_MAX)
+    cap = tl.where(have & ~by_index, tl.load(stats_ptr + S_LIST_CAP), INT64_MAX)
+    lo = tl.where(by_index, tl.load(stats_ptr + S_CUT) - 1, lo)  # (the kept set: {p >= cut})
+    hi = tl.where(by_index, INT64_MAX, hi)
     vals = listed_entries(list_ptr, tl.where(have, n, LIST), tl.where(have, lo, bot), tl.where(have, hi, top), LIST)
     real = vals != INT64_MIN
     index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)
@@ -456,12 +457,17 @@ def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr, KE
     n_real = tl.sum(real.to(tl.int64), 0)
     slot = tl.arange(0, LIST)
     low = (1 << index_bits) - 1
-    if exact:
+    if by_index:
+        v = 1073741823 - index  # (V <= 2^30)
+    elif exact:
         v = tl.where(above, 2147483647 - slot, (rel.to(tl.int32, bitcast=True) << index_bits) | (low - index))
     else:
         v = (rel >> shift).to(tl.int32, bitcast=True) * LIST + (LIST - 1 - slot)
     s = tl.sort(tl.where(real, v, -1), descending=True)
-    if exact:
+    if by_index:
+        at = 1073741823 - s
+        out = pack(sanitize(tl.load(row_ptr + at, mask=s >= 0, other=0.0)), at)
+    elif exact:
         key = _full_key(base + (s >> index_bits), KEY_SHIFT)
         out = pack_key(key, low - (s & low))
         out = tl.where(s >= 2147483648 - LIST, tl.load(list_ptr + (2147483647 - s), mask=s >= 2147483648 - LIST,
@@ -472,7 +478,7 @@ def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST: tl.constexpr, KE
     tl.debug_barrier()  # (every thread has loaded the list)
     tl.store(list_ptr + tl.arange(0, LIST), out)
     tl.store(stats_ptr + S_SORTED, n_real)
-    tl.store(stats_ptr + S_SORT_SHIFT, tl.where(exact, -1, shift).to(tl.int64))
+    tl.store(stats_ptr + S_SORT_SHIFT, tl.where(exact | by_index, -1, shift).to(tl.int64))
     tl.store(stats_ptr + S_SORT_BASE, base)
 
 
@@ -717,14 +723,21 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     if phase == PH_ROUNDS:
         done = phase != phase
         wanted = phase != phase
+        by_index = phase != phase  # (a last round: the kept set by index, for step 7 from the list)
         rounds = tl.zeros((), dtype=tl.int32)
         while (~done) & (~wanted) & (rounds < ROUNDS):
             rounds += 1
             tl.debug_barrier()  # (stored by other threads)
             have = tl.load(stats_ptr + S_HAVE_LIST) != 0
-            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, LIST, KEY_SHIFT)
-            if have:
-                done = _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT)
+            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST, KEY_SHIFT)
+            if by_index:
+                tl.debug_barrier()  # (stored by other threads)
+                token = _index_search(list_ptr, tl.load(stats_ptr + S_SORTED), x_max, scale, u, LIST)
+                done = by_index
+            elif have:
+                if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):
+                    by_index = tl.load(stats_ptr + S_CUT_LISTED) != 0  # (the list holds the whole kept set)
+                    done = ~by_index
             else:
                 _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
                 if INLINE:
@@ -737,15 +750,12 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 else:
                     wanted = have | True
         phase = tl.where(wanted, PH_PASS, tl.where(done, PH_SEARCH, PH_ROUNDS)).to(tl.int64)
-        if done:
-            cut, s_kept, listed_all = load_cut(stats_ptr)
-            if listed_all:  # the list holds the whole kept set
-                n, _, _, _, _, _, _ = load_list(stats_ptr)
-                token = _list_search(list_ptr, n, cut, x_max, scale, u, LIST)
-                phase = phase * 0
-            else:
-                _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale,
-                              u.to(tl.float64) * s_kept, LIST)
+        if token != UNDECIDED:  # (step 7 from the list)
+            phase = phase * 0
+        elif done:
+            cut, s_kept, _ = load_cut(stats_ptr)
+            _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, u.to(tl.float64) * s_kept,
+                          LIST)
         tl.store(stats_ptr + S_PHASE, phase)
     return token
 

@@ -157,7 +157,8 @@ def test_lists_that_hold_the_cut_are_decided_without_a_pass():
     top_k = torch.tensor([80, 95, 110, 100, 90, 105, 85, 99])
     top_p = torch.tensor([1.0, 1.0, 1.0, 0.9, 0.95, 0.8, 0.99, 0.5])
     logits = torch.randn(n, vocab, generator=g) * 0.5 - 10.0
-    logits[:, :480] = 4.0 + torch.rand(n, 120, generator=g).repeat_interleave(4, 1) + torch.rand(n, 480, generator=g) / 1e3
+    logits[:, :480] = (4.0 + torch.rand(n, 120, generator=g).repeat_interleave(4, 1)
+                       + torch.rand(n, 480, generator=g) / 1e3)
     inp = {"logits": logits.to(DEVICE), "position": torch.arange(n, device=DEVICE),
            "temperature": torch.full((n,), 0.8, device=DEVICE), "top_k": top_k.to(DEVICE),
            "top_p": top_p.to(DEVICE), "seed": torch.arange(n, device=DEVICE) + 70}
@@ -170,10 +171,13 @@ def test_lists_that_hold_the_cut_are_decided_without_a_pass():
     assert [st["passes"] for st in stats] == [0] * n
     bits = logits.view(torch.int32).long()
     unsigned = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
-    for r, st in enumerate(stats[:3]):  # top-k alone: the list is every token at or above the bound (sorted
-        # by the select's list round; with top-p, its second round keeps only the top-k set there)
-        indices, keys = scratch.packed_list(r, st["count"])
-        assert sorted(indices.tolist()) == torch.nonzero(unsigned[r] >= st["bound"]).flatten().tolist()
+    for r, st in enumerate(stats[:3]):  # top-k alone: every token at or above the bound was listed (the
+        # count), the kept set is the top k of them in SPEC.md's order (key, then index), and step 7's round
+        # left it in the list by index
+        assert st["count"] == int((unsigned[r] >= st["bound"]).sum())
+        order = sorted(range(vocab), key=lambda i: (-int(unsigned[r, i]), i))
+        indices, keys = scratch.packed_list(r, st["sorted"])
+        assert indices.tolist() == sorted(order[:int(top_k[r])])
         assert torch.equal(keys, unsigned[r, indices])
 
 
@@ -219,7 +223,8 @@ def test_step_7_starts_in_the_part_where_the_prefix_crosses():
 
 @triton.jit
 def _sort_list_kernel(row_ptr, vocab, list_ptr, stats_ptr, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
-    cut_select._sort_list(row_ptr, vocab, list_ptr, stats_ptr, tl.program_id(0) >= 0, LIST, KEY_SHIFT)
+    cut_select._sort_list(row_ptr, vocab, list_ptr, stats_ptr, tl.program_id(0) >= 0, tl.program_id(0) < 0, LIST,
+                          KEY_SHIFT)
 
 
 def _packed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
