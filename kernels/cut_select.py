@@ -71,7 +71,7 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
-from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_CUT, S_CUT_LISTED, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_CUT, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
                       S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT,
                       S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal,
                       load_list, load_part, load_parts_mass_above, load_region, part_of, store_cut, store_goal,
@@ -736,7 +736,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 done = by_index
             elif have:
                 if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):
-                    by_index = tl.load(stats_ptr + S_CUT_LISTED) != 0  # (the list holds the whole kept set)
+                    by_index = load_cut(stats_ptr)[2]  # (the list holds the whole kept set)
                     done = ~by_index
             else:
                 _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
