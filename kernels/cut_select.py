@@ -408,6 +408,14 @@ def _coarse_key(key, KEY_SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _capped_code(key, cap, KEY_SHIFT: tl.constexpr):
+    """`_coarse_key`, the codes above the list's cap (S_LIST_CAP; INT64_MAX: none) one code, cap + 1:
+    how `_sort_list` orders them and `_narrow_to_bucket` finds their buckets."""
+    code = _coarse_key(key, KEY_SHIFT)
+    return tl.where(code > cap, (tl.minimum(cap, 2147483646) + 1).to(code.dtype), code)
+
+
+@triton.jit
 def _full_key(k, KEY_SHIFT: tl.constexpr):
     """The key of a `_coarse_key` code."""
     key = (k << KEY_SHIFT) | tl.where(k < 0, (1 << KEY_SHIFT) - 1, 0)
@@ -443,9 +451,8 @@ def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST: tl.con
     vals = listed_entries(list_ptr, tl.where(have, n, LIST), tl.where(have, lo, bot), tl.where(have, hi, top), LIST)
     real = vals != INT64_MIN
     index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)
-    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT)  # (int32 from here: half the registers)
+    k = _capped_code((vals >> 32).to(tl.int32), cap, KEY_SHIFT)  # (int32 from here: half the registers)
     above = real & (k > cap)
-    k = tl.where(above, (tl.minimum(cap, 2147483646) + 1).to(tl.int32), k)  # (cap < INT64_MAX there)
     base = tl.min(tl.where(real, k, 2147483647), 0)
     rel = (k - base).to(tl.uint32, bitcast=True)  # (a span of up to 2^32 codes)
     span = tl.max(tl.where(real & ~above, rel, 0), 0).to(tl.int64)  # (of the codes <= cap)
@@ -500,11 +507,12 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
     c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
     top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
     done = tl.zeros((), dtype=tl.int1)
+    in_list = top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite)
     shift = tl.load(stats_ptr + S_SORT_SHIFT)
-    if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite) & (shift >= 0):  # in the list, sorted by buckets
+    if in_list & (shift >= 0):  # in the list, sorted by buckets
         at_cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))
         _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, at_cut, shift, x_max, scale, LIST, KEY_SHIFT)
-    elif top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
+    elif in_list:  # the cut is in the list
         cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
         s_kept = m_hi + kept_mass
         store_cut(stats_ptr, cut, s_kept, c_hi == 0)
@@ -534,7 +542,7 @@ def _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, cut, shif
     C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
     base = tl.load(stats_ptr + S_SORT_BASE)
     cap = tl.load(stats_ptr + S_LIST_CAP)
-    b_cut = (tl.minimum(_coarse_key(cut >> 32, KEY_SHIFT), cap + (cap < INT64_MAX).to(tl.int64)) - base) >> shift
+    b_cut = (_capped_code(cut >> 32, cap, KEY_SHIFT) - base) >> shift
     key_min = tl.zeros((), dtype=tl.int64) + INT64_MAX
     code_max = tl.zeros((), dtype=tl.int64) + INT64_MIN
     c_lo = tl.zeros((), dtype=tl.int64)
@@ -542,8 +550,8 @@ def _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, cut, shif
     for start in range(0, LIST, C):
         i = start + tl.arange(0, C)
         p = tl.load(list_ptr + i, mask=i < n_real, other=INT64_MIN)
-        code = _coarse_key(p >> 32, KEY_SHIFT)
-        bucket = (tl.minimum(code, cap + (cap < INT64_MAX).to(tl.int64)) - base) >> shift
+        code = _capped_code(p >> 32, cap, KEY_SHIFT)
+        bucket = (code - base) >> shift
         inside = (p != INT64_MIN) & (bucket == b_cut)
         kept = (p != INT64_MIN) & (bucket >= b_cut)
         key_min = tl.minimum(key_min, tl.min(tl.where(inside, p >> 32, INT64_MAX), 0))
@@ -551,7 +559,7 @@ def _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, cut, shif
         c_lo += tl.sum(kept.to(tl.int64), 0)
         m_lo += tl.sum(tl.where(kept, packed_weights(p, x_max, scale), 0.0), 0)
     store_list(stats_ptr, n_real, tl.maximum(lo, (key_min << 32) - 1), hi, c_hi, m_hi, c_hi + c_lo, m_hi + m_lo,
-               tl.minimum(code_max, cap))
+               tl.minimum(code_max, cap))  # (a capped code_max of cap + 1: the cap stays)
 
 
 @triton.jit
