@@ -159,7 +159,9 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
     its results. Programs: the search's, one a pair slot; the rounds', one for GROUP slots
-    (their marks in one load: a batch with no such rows pays a quarter of the waves); the pass',
+    (their marks in one load: a batch with no such rows pays a quarter of the waves), the
+    slots strided by the grid, so that an owner's consecutive rows (one top-p owner in a
+    batch of greedy ones) go to different programs, side by side; the pass',
     a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
     in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
     slot (a loop over all slots around the rounds, at their registers, spills)."""
@@ -186,19 +188,18 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                       vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
-    else:  # (begin and rounds: GROUP slots a program, their marks in one load: a quarter of the empty waves)
-        slots = tl.program_id(0) * GROUP + tl.arange(0, GROUP)
+    else:  # (begin and rounds: GROUP slots a program, strided by the grid, their marks in one load)
+        slots = tl.program_id(0) + tl.num_programs(0) * tl.arange(0, GROUP)
         live = slots < num_rows
         marks = tl.load(results_of(work_ptr + slots.to(tl.int64) * WORK, BUF) + R_TOKEN, mask=live, other=0)
         bits = picked_bits(live & (marks == FILTERED_ROW))
-        at = tl.zeros((), dtype=tl.int32)
+        slot = tl.program_id(0).to(tl.int64)
         while bits != 0:
             if (bits & 1) != 0:
                 _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              work_ptr, vocab, chunk, tl.program_id(0) * GROUP + at, 0, BLOCK, BUF, WORK, STAGE, INLINE,
-                              LANES)
+                              work_ptr, vocab, chunk, slot, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
             bits = (bits >> 1) & INT64_MAX  # (a logical shift)
-            at += 1
+            slot += tl.num_programs(0)
 
 
 @triton.jit
