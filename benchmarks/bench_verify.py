@@ -198,13 +198,14 @@ def fused_op(mode: str):
 KINDS_SHAPE = (64, 151936)  # owners (of ROWS_PER_OWNER rows), V: issue #25's shape
 DEVICE = "cuda"  # (tests/benchmarks runs the table's plumbing on the CPU)
 TARGETS = {"bf16": 4.0, "fp32": 5.0, "greedy": 1.15, "temperature": 1.5, "sample_rows": 2.0}  # issue #25
+MIXED = (1, 8)  # a mixed batch's sampling owners (T 1, top-p 0.95: a common production setting), the rest greedy
 
 
 def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
     """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
-    through dflash_verify, as a mixed batch runs it): x floor per cell, the worst kind per
-    mode; then sample_rows on 64 rows of each kind against one torch.amax read of the same
+    through dflash_verify, as a mixed batch runs it), and in mixed batches (MIXED: the first
+    few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then sample_rows on 64 rows of each kind against one torch.amax read of the same
     rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
     mode's worst cell's launches timed one by one (torch.profiler), after each table."""
     owners, vocab = KINDS_SHAPE
@@ -245,6 +246,19 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
             top = max(cells, key=cells.get)
             say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
             slowest[mode] = top
+        for n in (n for n in MIXED if n < owners):  # the first n owners sample, the others are greedy
+            mode, cells = f"mixed: {n} of {owners} owners top-p 0.95", {}
+            for kind in kinds:
+                argsets = []
+                for _ in range(copies):
+                    c = inputs(kind, rows, dtype, "greedy")
+                    c["temperature"][:n], c["top_p"][:n] = 1.0, 0.95
+                    argsets.append([c[k] for k in KEYS])
+                cells[kind] = graph_ms(torch.ops.dflash.dflash_verify, argsets) / floor_ms
+                del argsets
+                note((name, name), cells[kind], mode, kind)
+            top = max(cells, key=cells.get)
+            say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
         if per_kernel:
             say()
             say(f"Per-kernel CUDA time of each mode's worst cell, {name} (torch.profiler), us per call:")

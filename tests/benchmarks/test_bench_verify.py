@@ -24,7 +24,8 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
         return real_kind_logits(g, kind, *args)
 
     def fake_graph_ms(fn, argsets):  # 1 ms, 3 ms for top-p 0.99 on flat rows: the worst case
-        timed.append((fn, argsets[0][0].shape))
+        params = (argsets[0][4].tolist(), argsets[0][6].tolist()) if len(argsets[0]) == 8 else ()  # (T, top_p)
+        timed.append((fn, argsets[0][0].shape, *params))
         slow = made[-1] == "flat" and fn is torch.ops.dflash.dflash_verify and bool((argsets[0][6] == 0.99).all())
         return 3.0 if slow else 1.0
 
@@ -37,7 +38,12 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
     bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16])  # floor: 1 ms
     modes, kinds = cases.kind_modes(64), list(cases.ROW_KINDS)
     verify = [t for t in timed if t[0] is torch.ops.dflash.dflash_verify]
-    assert len(verify) == len(modes) * len(kinds) and all(shape == (32, 64) for _, shape in verify)
+    assert [n for n in bench_verify.MIXED if n < 2] == [1]  # (2 owners here: one mixed batch, 1 sampling owner)
+    assert len(verify) == (len(modes) + 1) * len(kinds) and all(t[1] == (32, 64) for t in verify)
+    assert all(t[2:] == ([1.0, 0.0], pytest.approx([0.95, 1.0])) for t in verify[-len(kinds):])  # owner 0 top-p,
+    # owner 1 greedy
+    row = [x for x in lines if x.startswith("| mixed: 1 of 2 owners top-p 0.95 |")]
+    assert len(row) == 1 and row[0].count(" 1.00 ") == len(kinds) + 1, row
     table = [x for x in lines if x.startswith("| top-p 0.99 |")][0]
     assert table.endswith("| 3.00 (flat) |"), table
     worst = {x.split(" | ")[0]: x for x in lines if x.startswith("| dflash_verify") or x.startswith("| sample_rows")}
