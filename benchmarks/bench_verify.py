@@ -205,8 +205,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
     """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
     through dflash_verify, as a mixed batch runs it), and in mixed batches (MIXED: the first
-    few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then sample_rows on 64 rows of each kind against one torch.amax read of the same
-    rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
+    few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then
+    sample_rows on 64 rows of each kind against one torch.amax read of the same rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
     mode's worst cell's launches timed one by one (torch.profiler), after each table."""
     owners, vocab = KINDS_SHAPE
     rows = owners * ROWS_PER_OWNER

@@ -25,6 +25,8 @@
 #   scripts/gpu-checks.sh stalls    where the sample select's launches stall: Nsight Compute's PC sampling per
 #                                   SASS instruction on one dflash_verify call over flat top-p 0.9 rows, and
 #                                   the launches' cubins (line info) ($OUT/stalls/: parse offline)
+#   scripts/gpu-checks.sh phases    the sample select's steps per row, timed by a patched copy of the kernels
+#                                   (clock64 around each step: benchmarks/select_phases.py; $OUT/PHASES.md)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
@@ -176,6 +178,9 @@ stalls)
   ls -la "$OUT/stalls" "$OUT/stalls/cubin" | head -20
   grep -E "Duration|Registers|Achieved Occupancy" "$OUT/stalls/details.csv" | head -20
   ;;
+phases)
+  timeout 300 python3 benchmarks/select_phases.py --out "$OUT/PHASES.md" 2>&1 | tail -120
+  ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
@@ -187,5 +192,5 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|attention|sample-select [options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|attention|sample-select [options]" >&2; exit 2 ;;
 esac

@@ -40,8 +40,8 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
     verify = [t for t in timed if t[0] is torch.ops.dflash.dflash_verify]
     assert [n for n in bench_verify.MIXED if n < 2] == [1]  # (2 owners here: one mixed batch, 1 sampling owner)
     assert len(verify) == (len(modes) + 1) * len(kinds) and all(t[1] == (32, 64) for t in verify)
-    assert all(t[2:] == ([1.0, 0.0], pytest.approx([0.95, 1.0])) for t in verify[-len(kinds):])  # owner 0 top-p,
-    # owner 1 greedy
+    # the mixed batch: owner 0 at T 1 and top-p 0.95, owner 1 greedy
+    assert all(t[2:] == ([1.0, 0.0], pytest.approx([0.95, 1.0])) for t in verify[-len(kinds):])
     row = [x for x in lines if x.startswith("| mixed: 1 of 2 owners top-p 0.95 |")]
     assert len(row) == 1 and row[0].count(" 1.00 ") == len(kinds) + 1, row
     table = [x for x in lines if x.startswith("| top-p 0.99 |")][0]
