@@ -373,17 +373,14 @@ def _index_search(list_ptr, n, x_max, scale, u, LIST: tl.constexpr):
     C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
     total = tl.zeros((), dtype=tl.float64)
     for base in range(0, LIST, C):
-        i = base + tl.arange(0, C)
-        total += tl.sum(packed_weights(tl.load(list_ptr + i, mask=i < n, other=INT64_MIN), x_max, scale), 0)
+        total += tl.sum(_list_chunk(list_ptr, n, base, INT64_MIN, x_max, scale, C)[1], 0)  # (every entry kept)
     t = u.to(tl.float64) * total
     carry = tl.zeros((), dtype=tl.float64)
     token = tl.zeros((), dtype=tl.int64) - 1
     last = tl.zeros((), dtype=tl.int64) - 1
     for base in range(0, LIST, C):
         i = base + tl.arange(0, C)
-        p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
-        e = packed_weights(p, x_max, scale)
-        index = (p & LOW_BITS) ^ LOW_BITS
+        index, e = _list_chunk(list_ptr, n, base, INT64_MIN, x_max, scale, C)
         first = tl.min(tl.where((i < n) & (carry + tl.cumsum(e, 0) > t), index, INT64_MAX), 0)
         token = tl.where((token < 0) & (first < INT64_MAX), first, token)
         last = tl.maximum(last, tl.max(tl.where(e > 0, index, -1), 0))
