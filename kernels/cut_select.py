@@ -39,7 +39,8 @@ to hold the cut, with the exact count and mass of the tokens above each end.
   region of one key: its range of indices), and a region of at most LIST tokens is listed
   whole.
 - top-k + top-p: the top-k cut first, then the top-p cut inside the top-k set (S_k exact
-  from the top-k cut's list), often from the same list.
+  from the top-k cut's list), often from the same list (in the same round, without a second
+  sort, where that list is sorted exactly: top-k's kept set is its first entries).
 - Step 7: from the list when it holds the whole kept set (a last round sorts it by index:
   `_index_search`), else one pass over the row in index order (`_search_pass`).
 
@@ -253,7 +254,7 @@ def _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIS
     carry = tl.zeros((), dtype=tl.float64)
     for base in range(0, LIST, C):
         i = base + tl.arange(0, C)
-        e = packed_weights(tl.load(list_ptr + i), x_max, scale)
+        e = packed_weights(tl.load(list_ptr + i, mask=i < n_real, other=INT64_MIN), x_max, scale)
         kept_p = (i < n_real) & ((m_hi + (carry + (tl.cumsum(e, 0) - e)) < goal) | ((i == 0) & (c_hi == 0)))
         n_kept_p += tl.sum(kept_p.to(tl.int64), 0)
         mass_p += tl.sum(tl.where(kept_p, e, 0.0), 0)
@@ -489,42 +490,52 @@ def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST: tl.con
 @triton.jit
 def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """A list round on the sorted list: the cut, if the list holds it (`store_cut`; for top-k with
-    top-p, top-p's search starts, first in the same list), or, where `_sort_list` sorted it by
-    buckets, the list narrowed to the cut's bucket for the next list round; else the list's
-    ends narrow the region, and a pass round follows. Returns whether the search is done."""
-    tl.debug_barrier()  # (the sorted list and its stats were stored by other threads)
-    n_real = tl.load(stats_ptr + S_SORTED)
-    _, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
-    goal, by_mass = load_goal(stats_ptr)
-    n_finite = tl.load(stats_ptr + S_FINITE_N)
-    n_kept, kept_mass, list_mass = _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST)
-    # the list's end: as the pass that stored the list counted it (its sum in another order could
-    # put a cut the pass saw inside the list outside it)
-    m_lo = tl.where(c_lo >= 0, m_lo, m_hi + list_mass)
-    c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
-    top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
+    top-p, top-p's search starts, first in the same list: where the list is sorted exactly, top-k's
+    kept set is its first entries, in order, and the search goes on in them here, no sort), or,
+    where `_sort_list` sorted it by buckets, the list narrowed to the cut's bucket for the next
+    list round; else the list's ends narrow the region, and a pass round follows. Returns whether
+    the search is done."""
     done = tl.zeros((), dtype=tl.int1)
-    in_list = top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite)
-    shift = tl.load(stats_ptr + S_SORT_SHIFT)
-    if in_list & (shift >= 0):  # in the list, sorted by buckets
-        at_cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))
-        _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, at_cut, shift, x_max, scale, LIST, KEY_SHIFT)
-    elif in_list:  # the cut is in the list
-        cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
-        s_kept = m_hi + kept_mass
-        store_cut(stats_ptr, cut, s_kept, c_hi == 0)
-        done = by_mass | ~use_p
-        if not done:  # top-k's cut: top-p's next, inside the top-k set (S_k exact), first in this list
-            store_goal(stats_ptr, top_p.to(tl.float64) * s_kept, done | True)
-            store_region(stats_ptr, INT64_MAX, c_hi * 0, s_kept * 0.0, cut - 1, c_hi + n_kept, s_kept, done | True)
-            store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept, INT64_MAX)
-    else:  # the cut is below the list, or above it
-        top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
-        if top_in:
-            store_region(stats_ptr, lo, c_lo, m_lo, bot, c_bot, m_bot, exact)
-        else:
-            store_region(stats_ptr, top, c_top, m_top, hi, c_hi, m_hi, exact | True)
-        tl.store(stats_ptr + S_HAVE_LIST, 0)
+    again = ~done
+    while again:
+        again = done
+        tl.debug_barrier()  # (the sorted list and its stats were stored by other threads)
+        n_real = tl.load(stats_ptr + S_SORTED)
+        _, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
+        goal, by_mass = load_goal(stats_ptr)
+        n_finite = tl.load(stats_ptr + S_FINITE_N)
+        shift = tl.load(stats_ptr + S_SORT_SHIFT)  # (these two read before the stores below: the sums between)
+        capped = tl.load(stats_ptr + S_LIST_CAP) != INT64_MAX
+        n_kept, kept_mass, list_mass = _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST)
+        # the list's end: as the pass that stored the list counted it (its sum in another order could
+        # put a cut the pass saw inside the list outside it)
+        m_lo = tl.where(c_lo >= 0, m_lo, m_hi + list_mass)
+        c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
+        top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
+        in_list = top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite)
+        if in_list & (shift >= 0):  # in the list, sorted by buckets
+            at_cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))
+            _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, at_cut, shift, x_max, scale, LIST,
+                              KEY_SHIFT)
+        elif in_list:  # the cut is in the list
+            cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
+            s_kept = m_hi + kept_mass
+            store_cut(stats_ptr, cut, s_kept, c_hi == 0)
+            done = by_mass | ~use_p
+            if not done:  # top-k's cut: top-p's next, inside the top-k set (S_k exact), first in this list
+                store_goal(stats_ptr, top_p.to(tl.float64) * s_kept, done | True)
+                store_region(stats_ptr, INT64_MAX, c_hi * 0, s_kept * 0.0, cut - 1, c_hi + n_kept, s_kept, done | True)
+                store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept, INT64_MAX)
+                if not capped:  # (sorted exactly) its first n_kept entries, in order: top-p's round here
+                    tl.store(stats_ptr + S_SORTED, n_kept)
+                    again = ~done
+        else:  # the cut is below the list, or above it
+            top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
+            if top_in:
+                store_region(stats_ptr, lo, c_lo, m_lo, bot, c_bot, m_bot, exact)
+            else:
+                store_region(stats_ptr, top, c_top, m_top, hi, c_hi, m_hi, exact | True)
+            tl.store(stats_ptr + S_HAVE_LIST, 0)
     return done
 
 

@@ -21,6 +21,7 @@ from kernel_parity import check_samples, check_verify
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads
 from dflash_et.kernels import cut_select, launch, scratch
+from dflash_et.kernels.common import weight_scale
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
 
@@ -248,6 +249,57 @@ def _sorted_by_kernel(packed, vocab, cap=None, key_shift=0, lo=None, hi=None, li
     list_, stats = list_.to(DEVICE), stats.to(DEVICE)
     _sort_list_kernel[(1,)](row.to(DEVICE), vocab, list_, stats, LIST=list_size, KEY_SHIFT=key_shift)
     return list_.cpu(), stats.cpu()
+
+
+@triton.jit
+def _list_round_kernel(list_ptr, stats_ptr, out_ptr, top_p, x_max, temperature, LIST: tl.constexpr):
+    f32 = tl.zeros((), dtype=tl.float32)  # (the scalars as the heads load them)
+    done = cut_select._list_round(list_ptr, stats_ptr, tl.program_id(0) >= 0, f32 + top_p, f32 + x_max,
+                                  weight_scale(f32 + temperature), LIST, 0)
+    tl.store(out_ptr, done.to(tl.int64))
+
+
+def _f64_bits(x: float) -> int:
+    return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
+
+
+def test_top_p_goes_on_in_top_ks_sorted_list_without_a_sort():
+    """top-k + top-p with both cuts in an exactly sorted list: one `_list_round` finds top-k's cut,
+    then top-p's among top-k's kept set (the list's first k entries, in order): the search is
+    done, no second round (no second sort). With a cap (the list's first entries sorted as one
+    code, in slot order: not in order), the round stops at top-k's cut and leaves top-p's
+    goal for the next round, which sorts."""
+    g = torch.Generator().manual_seed(91)
+    n, k, top_p, temperature = 200, 120, 0.8, 0.7
+    values = torch.randn(n, generator=g) * 2.0
+    packed = _packed(values, torch.randperm(3000, generator=g)[:n]).sort(descending=True).values
+    x_max = float(values.max())
+    weights = torch.exp((values.sort(descending=True).values.double() - x_max) / temperature)
+    s_k = float(weights[:k].sum())
+    before = torch.cumsum(weights[:k], 0) - weights[:k]  # the mass before each entry
+    n_p = int((before < top_p * s_k).sum())  # (the first entry always kept)
+    for capped in (False, True):
+        stats = torch.zeros(64, dtype=torch.int64)
+        words = {scratch.S_SORTED: n, scratch.S_LIST_N: n, scratch.S_LIST_LO: int(packed[-1]) - 1,
+                 scratch.S_LIST_HI: 2**63 - 1, scratch.S_LIST_C_LO: -1, scratch.S_GOAL: _f64_bits(float(k)),
+                 scratch.S_FINITE_N: n + 50, scratch.S_SORT_SHIFT: -1, scratch.S_TOP: 2**63 - 1,
+                 scratch.S_BOT: -2**63, scratch.S_BOT_N: n + 50,
+                 scratch.S_LIST_CAP: int(packed[5] >> 32) if capped else 2**63 - 1}
+        for word, value in words.items():
+            stats[word.value] = value
+        list_ = torch.full((256,), -2**63, dtype=torch.int64)
+        list_[:n] = packed
+        out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+        list_, stats = list_.to(DEVICE), stats.to(DEVICE)
+        _list_round_kernel[(1,)](list_, stats, out, top_p, x_max, temperature, LIST=256)
+        stats = dict(zip(scratch.STAT_NAMES, stats.cpu().tolist()))
+        got_goal = float(torch.tensor([stats["goal_bits"]]).view(torch.float64))
+        assert stats["by_mass"] == 1 and math.isclose(got_goal, top_p * s_k, rel_tol=1e-5)
+        if capped:  # top-k's cut only: top-p's round next
+            assert int(out) == 0 and stats["cut"] == int(packed[k - 1]) and stats["sorted"] == n
+        else:
+            assert n_p < k and int(out) == 1 and stats["cut"] == int(packed[n_p - 1])
+            assert stats["cut_listed"] == 1 and stats["sorted"] == k
 
 
 def test_the_list_sort_is_exact_by_key_and_index_or_by_buckets():
