@@ -27,6 +27,9 @@
 #                                   the launches' cubins (line info) ($OUT/stalls/: parse offline)
 #   scripts/gpu-checks.sh phases    the sample select's steps per row, timed by a patched copy of the kernels
 #                                   (clock64 around each step: benchmarks/select_phases.py; $OUT/PHASES.md)
+#   scripts/gpu-checks.sh occupancy dflash_verify under launch variants of the select's begin and rounds
+#                                   launches (maxnreg, rows a program: benchmarks/select_occupancy.py;
+#                                   --quick, --variants; $OUT/OCCUPANCY.md)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
@@ -181,6 +184,9 @@ stalls)
 phases)
   timeout 300 python3 benchmarks/select_phases.py --out "$OUT/PHASES.md" 2>&1 | tail -120
   ;;
+occupancy)
+  timeout 570 python3 benchmarks/select_occupancy.py "${@:2}" 2>&1 | tee "$OUT/OCCUPANCY.md" | tail -60
+  ;;
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
@@ -192,5 +198,5 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|attention|sample-select [options]" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2; exit 2 ;;
 esac
