@@ -21,9 +21,9 @@ from kernel_parity import check_samples, check_verify
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads
 from dflash_et.kernels import cut_select, launch, scratch
-from dflash_et.kernels.common import weight_scale
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
+from dflash_et.kernels.common import weight_scale
 
 SAMPLE_KEYS = cases.SAMPLE_INPUTS
 VERIFY_KEYS = cases.VERIFY_INPUTS
