@@ -254,7 +254,7 @@ def _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIS
     carry = tl.zeros((), dtype=tl.float64)
     for base in range(0, LIST, C):
         i = base + tl.arange(0, C)
-        e = packed_weights(tl.load(list_ptr + i, mask=i < n_real, other=INT64_MIN), x_max, scale)
+        e = _list_chunk(list_ptr, n_real, base, INT64_MIN, x_max, scale, C)[1]  # (every entry's weight)
         kept_p = (i < n_real) & ((m_hi + (carry + (tl.cumsum(e, 0) - e)) < goal) | ((i == 0) & (c_hi == 0)))
         n_kept_p += tl.sum(kept_p.to(tl.int64), 0)
         mass_p += tl.sum(tl.where(kept_p, e, 0.0), 0)
