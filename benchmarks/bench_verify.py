@@ -201,6 +201,12 @@ TARGETS = {"bf16": 4.0, "fp32": 5.0, "greedy": 1.15, "temperature": 1.5, "sample
 MIXED = (1, 8)  # a mixed batch's sampling owners (T 1, top-p 0.95: a common production setting), the rest greedy
 
 
+def mixed(c: dict, n: int) -> dict:
+    """`c`, greedy owners' inputs, with its first n owners sampling at T 1 with top-p 0.95 (a mixed batch)."""
+    c["temperature"][:n], c["top_p"][:n] = 1.0, 0.95
+    return c
+
+
 def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
     """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
@@ -251,8 +257,7 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
             for kind in kinds:
                 argsets = []
                 for _ in range(copies):
-                    c = inputs(kind, rows, dtype, "greedy")
-                    c["temperature"][:n], c["top_p"][:n] = 1.0, 0.95
+                    c = mixed(inputs(kind, rows, dtype, "greedy"), n)
                     argsets.append([c[k] for k in KEYS])
                 cells[kind] = graph_ms(torch.ops.dflash.dflash_verify, argsets) / floor_ms
                 del argsets

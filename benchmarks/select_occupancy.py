@@ -105,9 +105,7 @@ def time_variant(variant: str, cases) -> None:
         for _ in range(COPIES):
             x = row_cases.kind_logits(g, kind, rows, vocab, torch.bfloat16)
             if mode.startswith("mixed "):
-                c = bv.verify_inputs(g, x, owners, modes["greedy"])
-                n = int(mode.split()[1])
-                c["temperature"][:n], c["top_p"][:n] = 1.0, 0.95
+                c = bv.mixed(bv.verify_inputs(g, x, owners, modes["greedy"]), int(mode.split()[1]))
             else:
                 c = bv.verify_inputs(g, x, owners, modes[mode])
             argsets.append([c[k] for k in bv.KEYS])
