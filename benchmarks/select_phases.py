@@ -3,11 +3,11 @@ of its rounds timed per row by the kernel itself (not a test; a diagnostic, as `
 is heavy and names SASS lines, not steps).
 
 The script copies the package to a temporary folder and patches the copy (`patch_package`): a
-barrier then `clock64` before and after each step of `select_rounds` (the sort, the list round,
-the thresholds with their estimate, a pass read in the rounds launch, the narrowing, step 7 from
-the list, the search start, the folding of a split pass), of the sample's gather, of the search
-launch and of each split pass part, the cycles summed into 16 extra words of each row's stats
-(`scratch.STATS` + 16). The barriers and the timers' registers cost a little (the patched rounds
+barrier then `clock64` before and after each step of `select_rounds` (the list round, the
+thresholds with the sample's gather and the estimate inside, a pass read in the rounds launch, the
+narrowing, step 7 from the list, the search start, the folding of a split pass), of the search
+launch and of each split pass part, the cycles summed into 15 extra words of each row's stats
+(`scratch.STATS` + 15). The barriers and the timers' registers cost a little (the patched rounds
 launch keeps a small stack frame); the totals are the steps' own, not the launches' (a launch's
 programs run rows side by side). Then it runs `dflash_verify` once on
 each case below from the copy (64 owners x 16 rows, V = 151936, bf16) and prints, over the
@@ -26,11 +26,12 @@ import subprocess
 import sys
 import tempfile
 
-STEPS = ("sort", "list_round", "thresholds", "inline_pass", "narrow", "index_search", "search_start", "fold",
-         "rounds", "begin_total", "rounds_total", "search_total", "sorts", "pass_total", "sample",
-         "select_rows")  # (cycles, except the counts: rounds, sorts; select_rows: 1 for a row that entered)
-FIRST = 42  # the unpatched scratch's STATS: the words the patch adds start here
-COUNTS = ("rounds", "sorts", "select_rows")
+STEPS = ("list_round", "thresholds", "sample", "estimate", "inline_pass", "narrow", "index_search", "search_start",
+         "fold", "rounds", "begin_total", "rounds_total", "search_total", "pass_total",
+         "select_rows")  # (cycles, except the counts: rounds; select_rows: 1 for a row that entered; the
+# thresholds' time holds the sample's and the estimate's)
+FIRST = 38  # the unpatched scratch's STATS: the words the patch adds start here
+COUNTS = ("rounds", "select_rows")
 CASES = (("flat", "top-p 0.9"), ("peaked", "top-p 0.9"), ("power-law", "top-p 0.95"), ("flat", "top-k 1000"),
          ("nan/-inf", "top-k 1000 + top-p 0.95"), ("equal", "top-k 40 + top-p 0.9"), ("ties", "top-p 0.99"))
 
@@ -68,17 +69,20 @@ def _timed(indent: str, call: str, step: str) -> str:
 def _edits() -> dict[str, list[tuple[str, str]]]:
     """file -> [(text, replacement)]: each text must occur exactly once."""
     i8, i12, i16, i20 = " " * 8, " " * 12, " " * 16, " " * 20
-    sort = f"{i12}_sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST, KEY_SHIFT)\n"
-    index = f"{i16}token = _index_search(list_ptr, tl.load(stats_ptr + S_SORTED), x_max, scale, u, LIST)\n"
+    i24 = " " * 24
+    index = f"{i24}token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, LIST)\n"
     list_round = f"{i16}if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):\n"
-    thresholds = f"{i16}_thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)\n"
+    thresholds = f"{i16}_thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)\n"
+    estimate = (f"{i16}t = _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, "
+                f"scale,\n{i16}              (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST, "
+                "KEY_SHIFT)\n")
     inline_pass = (f"{i20}above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(\n"
                    f"{i20}    row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)\n")
     narrow = f"{i20}_narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)\n"
     search_start = (f"{i12}_search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, "
                     f"u.to(tl.float64) * s_kept,\n{i12}              LIST)\n")
     fold = f"{i8}_fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST)\n"
-    sample = f"{i8}_store_sample(row_ptr, vocab, list_ptr, LIST)\n"
+    sample = f"{i12}_store_sample(row_ptr, vocab, list_ptr, LIST)\n"
     anchor = "FLT_MAX_KEY = tl.constexpr(2139095039)  # ordered_key(FLT_MAX): 0x7F7FFFFF\n"
     rounds_start = ("    token = tl.zeros((), dtype=tl.int64) + UNDECIDED\n    tl.debug_barrier()  # (stored by other "
                     "threads)\n    phase = tl.load(stats_ptr + S_PHASE)\n")
@@ -91,13 +95,13 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
     return {
         "kernels/scratch.py": [
             (f"STATS = tl.constexpr({FIRST})", f"STATS = tl.constexpr({FIRST + len(STEPS)})"),
-            ('"sort_shift", "sort_base", "list_cap")',
-             '"sort_shift", "sort_base", "list_cap", ' + ", ".join(f'"t_{s}"' for s in STEPS) + ")"),
+            ('"search_lo", "search_prefix_bits")',
+             '"search_lo", "search_prefix_bits", ' + ", ".join(f'"t_{s}"' for s in STEPS) + ")"),
         ],
         "kernels/cut_select.py": [
             (anchor, anchor + _TIMERS),
-            (sort, _timed(i12, sort, "sort") + f"{i12}_add(stats_ptr, {_word('sorts')}, 1)\n"),
-            (index, _timed(i16, index, "index_search")),
+            (index, _timed(i24, index, "index_search")),
+            (estimate, _timed(i16, estimate, "estimate")),
             (list_round, _timed(i16, list_round.replace("if _list_round", "_lr = _list_round").replace("):", ")"),
                                 "list_round") + f"{i16}if _lr:\n"),
             (thresholds, _timed(i16, thresholds, "thresholds")),
@@ -105,7 +109,7 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
             (narrow, _timed(i20, narrow, "narrow")),
             (search_start, _timed(i12, search_start, "search_start")),
             (fold, _timed(i8, fold, "fold")),
-            (sample, _timed(i8, sample, "sample")),
+            (sample, _timed(i12, sample, "sample")),
             (rounds_start, rounds_start.replace("    tl.debug_barrier()",
                                                 "    _t_all = _tick()\n    tl.debug_barrier()")),
             (rounds_end, f"{i8}_add(stats_ptr, {_word('rounds')}, rounds)\n" + rounds_end.replace(
@@ -159,7 +163,7 @@ def run_cases(say) -> None:
     say(f"- {rows} rows (64 owners x 16), V = {vocab}, bf16; cycles (clock64) per row that entered the select, "
         "mean / max; the call's time from CUDA events (one call, the patched kernels)")
     g = torch.Generator(device="cuda").manual_seed(25)
-    first = STAT_NAMES.index("t_sort")
+    first = STAT_NAMES.index(f"t_{STEPS[0]}")
     for kind, mode in CASES:
         x = cases.kind_logits(g, kind, rows, vocab, torch.bfloat16)
         inp = bench_verify.verify_inputs(g, x, rows // 16, modes[mode])

@@ -12,10 +12,10 @@ launches that each head makes in this order, the row's stage in its scratch (`S_
   pass read by this program itself (so the bound below holds within the launches);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
   does not hold the kept set.
-The rounds sort (~240 registers: one 8-warp program an SM; `verify.GROUP` rows a program in
-`dflash_verify`); the passes, ALU-bound, run at 4 warps and ~60-110 registers, many programs
-an SM, and split a row over the GPU when rows are few (`sample_rows`). Timed on the H200, the
-rounds launches are now most of the select's time (benchmarks/HISTORY.md, session 49).
+The rounds (~250 registers: one 8-warp program an SM; `verify.GROUP` rows a program in
+`dflash_verify`) select in the list without sorting it (`_descend`, below); the passes,
+ALU-bound, run at 4 warps and ~60-110 registers, many programs an SM, and split a row over the
+GPU when rows are few (`sample_rows`).
 
 The cuts are found in SPEC.md's order, each token packed as (key, index)
 (`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
@@ -23,11 +23,11 @@ The cuts are found in SPEC.md's order, each token packed as (key, index)
 to hold the cut, with the exact count and mass of the tokens above each end.
 
 - A list round: the row's candidate list (`filtered.collect`'s, or the last pass's), every
-  token of a range (lo, hi] of the order, is sorted. If the cut is inside, it is exact there
-  (the ranks and masses above hi are exact); otherwise the range's two ends narrow the
-  region. No pass.
+  token of a range (lo, hi] of the order, in no order. If the cut is inside, it is exact there
+  (the ranks and masses above hi are exact: `_list_cut`); otherwise the range's two ends narrow
+  the region. No pass.
 - A pass round: LIST points of the row (`_store_sample`: runs of RUN tokens spread evenly over
-  the row) that fall inside the region, sorted, estimate where the cut falls (each point stands
+  the row) that fall inside the region estimate where the cut falls (each point stands
   for the region's tokens over its points; top-p: with its own weight, and the region's
   mass that the points miss is put at its top, where the heavy tokens are); then one pass
   over the row (`_threshold_pass`) counts and sums exactly above 4 thresholds: the points
@@ -39,19 +39,18 @@ to hold the cut, with the exact count and mass of the tokens above each end.
   region of one key: its range of indices), and a region of at most LIST tokens is listed
   whole.
 - top-k + top-p: the top-k cut first, then the top-p cut inside the top-k set (S_k exact
-  from the top-k cut's list), often from the same list (in the same round, without a second
-  sort, where that list is sorted exactly: top-k's kept set is its first entries).
-- Step 7: from the list when it holds the whole kept set (a last round sorts it by index:
-  `_index_search`), else one pass over the row in index order (`_search_pass`).
+  from the top-k cut's list), first in the same list, in the same round.
+- Step 7: from the list when it holds the whole kept set (`_index_search`), else one pass over
+  the row in index order (`_search_pass`).
 
-Each round sorts one list of LIST tokens in registers (one sort call: one sort network
-compiled) as 31-bit values, a key code and the index, or a bucket of codes and the list slot
-where the codes' span leaves too few bits (`_sort_list`: a list round on such a list narrows
-the list to the cut's bucket, no pass), stores it back sorted, and reads it CHUNK entries at
-a time; the search's state lives in the row's scratch record between rounds and launches
-(`scratch`: the region, the goal, the list, the cut, the stage). So little is live across the
-sort, and the launches compile for sm_90 without a stack frame (the loop's state in registers
-spilled).
+Nothing is sorted: each order statistic a round needs (the cut in a list, the estimate's
+points, step 7's index) is the largest code whose sum from the top reaches a goal, found by
+binary lifting over the tokens' codes (`_codes`: key code, then index, in as few bits as the
+list spans) with one block-wide reduction a bit (`_descend`: ~20-35 steps at V = 151936 in
+bfloat16; a 4096-entry sort cost several times that: benchmarks/RESULTS.md). The search's state
+lives in the row's scratch record between rounds and launches (`scratch`: the region, the goal,
+the list, the cut, the stage), the list is read from scratch where it is used, so little is
+live across a descent, and the launches compile for sm_90 without a stack frame.
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),
@@ -63,8 +62,8 @@ every row kind and mode (at most 2 after the first, step 7 included; benchmarks/
 session 48).
 
 Tokens are SPEC.md's: the cut decisions compare exact counts, and float64 masses summed per
-lane (16-byte lanes of float32 weights, as `sampling_rule.lane_stats`) or along the sorted list:
-sums in another order, SPEC.md's legal difference.
+lane (16-byte lanes of float32 weights, as `sampling_rule.lane_stats`) or over the list's
+tokens (float32 weights summed in float64): sums in another order, SPEC.md's legal difference.
 """
 
 import triton
@@ -72,11 +71,10 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
-from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_CUT, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_CAP,
-                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_SORT_BASE, S_SORT_SHIFT,
-                      S_SORTED, S_THRESHOLDS, SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal,
-                      load_list, load_part, load_parts_mass_above, load_region, part_of, store_cut, store_goal,
-                      store_list, store_part, store_region)
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_N,
+                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS, SELECT_SPLITS,
+                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_part, load_parts_mass_above,
+                      load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -94,8 +92,7 @@ SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a ro
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
-CHUNK = tl.constexpr(512)  # sorted list entries per step of the list rounds, the estimate and `_index_search`
-# (1024 left the rounds launch a stack frame once the sort took 31-bit values)
+CHUNK = tl.constexpr(512)  # list entries per step of `_search_start`'s sums
 SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
 FLT_MAX_KEY = tl.constexpr(2139095039)  # ordered_key(FLT_MAX): 0x7F7FFFFF
@@ -129,10 +126,16 @@ def _store_sample(row_ptr, vocab, list_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def packed_weights(p, x_max, scale):
-    """float64 weights of packed tokens (0 for INT64_MIN); scale: `common.weight_scale`."""
+def weights32(p, x_max, scale):
+    """float32 weights of packed tokens (0 for INT64_MIN); scale: `common.weight_scale`."""
     e = scaled_weight(key_value((p >> 32).to(tl.int32)), x_max, scale)
-    return tl.where(p != INT64_MIN, e, 0.0).to(tl.float64)
+    return tl.where(p != INT64_MIN, e, 0.0)
+
+
+@triton.jit
+def packed_weights(p, x_max, scale):
+    """`weights32` as float64 (what the masses sum)."""
+    return weights32(p, x_max, scale).to(tl.float64)
 
 
 @triton.jit
@@ -241,63 +244,40 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 
 
 @triton.jit
-def _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST: tl.constexpr):
-    """Over the sorted list (n_real entries from the top of (lo, hi]): (entries the cut keeps, their
-    mass, the mass of them all). Kept entries are a prefix: top-k's by rank, top-p's by the mass
-    before each (the first entry's is m_hi exactly, as `_holds_cut` has it; rank 0 always
-    stays). CHUNK entries a step, the prefix mass carried."""
-    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
-    n_kept_k = tl.minimum(tl.maximum(goal - c_hi.to(tl.float64), 0.0), n_real.to(tl.float64)).to(tl.int64)
-    n_kept_p = tl.zeros((), dtype=tl.int64)
-    mass_k = tl.zeros((), dtype=tl.float64)
-    mass_p = tl.zeros((), dtype=tl.float64)
-    carry = tl.zeros((), dtype=tl.float64)
-    for base in range(0, LIST, C):
-        i = base + tl.arange(0, C)
-        e = _list_chunk(list_ptr, n_real, base, INT64_MIN, x_max, scale, C)[1]  # (every entry's weight)
-        kept_p = (i < n_real) & ((m_hi + (carry + (tl.cumsum(e, 0) - e)) < goal) | ((i == 0) & (c_hi == 0)))
-        n_kept_p += tl.sum(kept_p.to(tl.int64), 0)
-        mass_p += tl.sum(tl.where(kept_p, e, 0.0), 0)
-        mass_k += tl.sum(tl.where(i < n_kept_k, e, 0.0), 0)
-        carry += tl.sum(e, 0)
-    return tl.where(by_mass, n_kept_p, n_kept_k), tl.where(by_mass, mass_p, mass_k), carry
-
-
-@triton.jit
-def _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale, rate,
-              LIST: tl.constexpr):
-    """The 4 thresholds of a bracket pass, descending, from the region's sample points, sorted in
-    the list (n_pts of them): the points `half` and GUARD x `half` places either side of the point
+def _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale, rate,
+              LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+    """The 4 thresholds of a bracket pass, descending, from the region's sample points (pts, in no
+    order; n_pts of them): the points `half` and GUARD x `half` places either side of the point
     where the estimated count or mass from the top reaches the goal (the region's ends past the
-    points). While no pass has counted the region's bottom, the low guard is the bottom itself
-    (a count of the row's finite tokens)."""
-    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
+    points), each found by `_descend` (no sort). While no pass has counted the region's bottom,
+    the low guard is the bottom itself (a count of the row's finite tokens)."""
     # tokens per point: exact over the region's points, else (the region reaches the row's
     # end, whose finite count no pass has counted yet) the sample's rate V / LIST
     per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
-    # top-p: each point stands for per_point tokens of its weight; the region's mass that misses
-    # (heavy tokens between the points) is put at its top, where they are
-    points_mass = tl.zeros((), dtype=tl.float64)
+    codes, nbits, k_min, index_bits, i_max = _codes(pts, KEY_SHIFT)
     if by_mass:
-        for base in range(0, LIST, C):
-            points_mass += tl.sum(packed_weights(tl.load(list_ptr + base + tl.arange(0, C)), x_max, scale), 0)
-    carry = m_top + ((m_bot - m_top) - points_mass * per_point)
-    j = tl.zeros((), dtype=tl.int64)
-    for base in range(0, LIST, C):
-        i = base + tl.arange(0, C)
-        if by_mass:
-            acc = carry + tl.cumsum(packed_weights(tl.load(list_ptr + i), x_max, scale), 0) * per_point
-            carry = tl.max(tl.where(i < n_pts, acc, carry), 0)
-        else:
-            acc = c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point
-        j += tl.sum(((i < n_pts) & (acc < goal)).to(tl.int64), 0)
+        # each point stands for per_point tokens of its weight; the region's mass that misses
+        # (heavy tokens between the points) is put at its top, where they are
+        e = weights32(pts, x_max, scale) * per_point.to(tl.float32)
+        points_mass = tl.sum(e.to(tl.float64), 0)
+        carry = m_top + ((m_bot - m_top) - points_mass)
+        x = _descend(codes, e, carry, goal, nbits, False, False)
+        j = tl.where(carry + points_mass >= goal, tl.sum((codes > x).to(tl.int64), 0), n_pts)  # (the points
+        # whose sum from the top, themselves included, is still short of the goal)
+    else:
+        i = tl.arange(0, LIST)
+        j = tl.sum(((i < n_pts) & (c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point < goal)).to(tl.int64), 0)
     j = tl.minimum(j, n_pts - 1)
     half = tl.maximum((1.0 / per_point * (FILL * LIST / 2)).to(tl.int64), 1)
     q = tl.arange(0, 4)
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
-    picked = tl.load(list_ptr + at, mask=(at >= 0) & (at < n_pts), other=0)
-    t = tl.sort(tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked)), descending=True)  # (a list sorted by
-    # buckets is in order between them only)
+    t = tl.where(at < 0, top, bot)
+    for r in tl.static_range(4):  # (the points at those places, by rank)
+        at_r = tl.sum(tl.where(q == r, at, 0), 0)
+        if (at_r >= 0) & (at_r < n_pts):
+            point = _token_of(_descend(codes, codes, 0.0, (at_r + 1).to(tl.float64), nbits, False, True), k_min,
+                              index_bits, i_max, KEY_SHIFT)
+            t = tl.where(q == r, point, t)
     return tl.where((q == 3) & ~exact_bot, bot, t)
 
 
@@ -367,26 +347,21 @@ def _search_pass(row_ptr, lo, vocab, x_max, scale, t, cut, prefix, LANES: tl.con
 
 
 @triton.jit
-def _index_search(list_ptr, n, x_max, scale, u, LIST: tl.constexpr):
-    """SPEC.md step 7 over the kept set, its n tokens sorted by index in the list (`_sort_list`
-    by_index): the smallest index whose inclusive prefix mass exceeds t = u * S (S: their
-    mass), else the largest of positive weight; CHUNK entries a step, the prefix carried."""
-    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
-    total = tl.zeros((), dtype=tl.float64)
-    for base in range(0, LIST, C):
-        total += tl.sum(_list_chunk(list_ptr, n, base, INT64_MIN, x_max, scale, C)[1], 0)  # (every entry kept)
+def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
+    """SPEC.md step 7 over the kept set, every token >= cut among the list's first n slots: the
+    smallest index whose inclusive prefix mass (in index order) exceeds t = u * S (S: their
+    mass), else the largest of positive weight; by one `_descend` over the indices (no sort)."""
+    vals = listed_entries(list_ptr, n, cut - 1, INT64_MAX, LIST)
+    e = weights32(vals, x_max, scale)
+    index = (vals & LOW_BITS) ^ LOW_BITS
+    i_max = tl.max(tl.where(vals != INT64_MIN, index, -1), 0)
+    codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix up
+    # to index i_max - x; int32 codes: V <= 2^30)
+    last = tl.max(tl.where(e > 0, index, -1), 0)
+    total = tl.sum(e.to(tl.float64), 0)
     t = u.to(tl.float64) * total
-    carry = tl.zeros((), dtype=tl.float64)
-    token = tl.zeros((), dtype=tl.int64) - 1
-    last = tl.zeros((), dtype=tl.int64) - 1
-    for base in range(0, LIST, C):
-        i = base + tl.arange(0, C)
-        index, e = _list_chunk(list_ptr, n, base, INT64_MIN, x_max, scale, C)
-        first = tl.min(tl.where((i < n) & (carry + tl.cumsum(e, 0) > t), index, INT64_MAX), 0)
-        token = tl.where((token < 0) & (first < INT64_MAX), first, token)
-        last = tl.maximum(last, tl.max(tl.where(e > 0, index, -1), 0))
-        carry += tl.sum(e, 0)
-    return tl.where(token >= 0, token, last)
+    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True, False)
+    return tl.where(total > t, i_max - x, last)
 
 
 @triton.jit
@@ -400,17 +375,9 @@ def _list_chunk(list_ptr, n, base, cut, x_max, scale, C: tl.constexpr):
 @triton.jit
 def _coarse_key(key, KEY_SHIFT: tl.constexpr):
     """An int32 key without the KEY_SHIFT low bits that every value of the row's dtype leaves
-    constant (`_sort_list`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
+    constant (`_codes`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
     of no 16-bit dtype) is the code just above its dtype's largest (that of +inf); int32 still."""
     return (key >> KEY_SHIFT) + (key == FLT_MAX_KEY).to(key.dtype)
-
-
-@triton.jit
-def _capped_code(key, cap, KEY_SHIFT: tl.constexpr):
-    """`_coarse_key`, the codes above the list's cap (S_LIST_CAP; INT64_MAX: none) one code, cap + 1:
-    how `_sort_list` orders them and `_narrow_to_bucket` finds their buckets."""
-    code = _coarse_key(key, KEY_SHIFT)
-    return tl.where(code > cap, (tl.minimum(cap, 2147483646) + 1).to(code.dtype), code)
 
 
 @triton.jit
@@ -421,114 +388,110 @@ def _full_key(k, KEY_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
-    """This round's list, sorted in place, its entries at S_SORTED: the list (`have`: a list
-    round), else the sample's points inside the region (a pass round). The one sort of the
-    loop, on 31-bit values (half the work and registers of the packed int64 tokens): each
-    entry's key code (`_coarse_key`; above the list's cap, S_LIST_CAP, one code for them all)
-    less the lowest, above
-    - its index (SPEC.md's order exactly) where the codes' span leaves the bits for it; the
-      tokens follow from the values (those above the cap, in slot order at the top of the
-      values, are gathered from their slots);
-    - else its slot, the codes in buckets of 2^shift (the fewest that fit): the buckets in
-      order, each in slot order (a sample's points: index order), the tokens gathered from
-      the slots. A list round on such a list narrows the list to the cut's bucket
-      (`_narrow_to_bucket`), which leaves a span under 2^shift: an exact sort within 3
-      rounds (2 for 16-bit dtypes at V <= 2^18; `launch.supports`: V <= 2^30).
-    S_SORT_SHIFT (-1: exact) and S_SORT_BASE say which. by_index (a list that holds the whole
-    kept set, its cut found): the kept tokens by index instead, for step 7 (`_index_search`;
-    their logits read again from the row). The rest of the round reads the sorted list from
-    scratch, CHUNK entries at a time."""
-    if not have:
-        _store_sample(row_ptr, vocab, list_ptr, LIST)
-    n, lo, hi, _, _, _, _ = load_list(stats_ptr)
-    top, _, _, bot, _, _, _ = load_region(stats_ptr)
-    cap = tl.where(have & ~by_index, tl.load(stats_ptr + S_LIST_CAP), INT64_MAX)
-    lo = tl.where(by_index, tl.load(stats_ptr + S_CUT) - 1, lo)  # (the kept set: {p >= cut})
-    hi = tl.where(by_index, INT64_MAX, hi)
-    vals = listed_entries(list_ptr, tl.where(have, n, LIST), tl.where(have, lo, bot), tl.where(have, hi, top), LIST)
+def _bit_length(x):
+    """The bits of int64 x >= 0 (0 for 0 or less)."""
+    b = tl.arange(0, 64).to(tl.int64)
+    return tl.sum(((b < 63) & ((tl.full((64,), 1, tl.int64) << b) <= x)).to(tl.int64), 0)
+
+
+@triton.jit
+def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr, COUNT: tl.constexpr):
+    """The largest x in [0, 2^nbits) with base plus the weights w of the entries of code >= x
+    reaching the goal (>=; > with STRICT; float64 sums; COUNT: their count, w unread), by binary
+    lifting: nbits steps of one block-wide reduction each ([N] int64 or int32 codes, -1 for no entry;
+    [N] float32 w). 0 where no x > 0 reaches it: the caller checks x = 0 (every entry) itself."""
+    x = tl.zeros((), dtype=tl.int64)
+    for i in range(0, nbits):
+        cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
+        above = codes >= cand.to(codes.dtype)
+        if COUNT:
+            s = base + tl.sum(above.to(tl.int32), 0).to(tl.float64)
+        else:
+            s = base + tl.sum(tl.where(above, w, 0.0).to(tl.float64), 0)
+        if STRICT:
+            x = tl.where(s > goal, cand, x)
+        else:
+            x = tl.where(s >= goal, cand, x)
+    return x
+
+
+@triton.jit
+def _codes(vals, KEY_SHIFT: tl.constexpr):
+    """Packed tokens ([N], INT64_MIN: none) as int64 codes in SPEC.md's order, in as few bits as
+    they span: (key code - the lowest, `_coarse_key`) above (the highest index - index); -1 for
+    none. Returns (codes, their bits, and the lowest key code, the index bits and the highest
+    index, which `_token_of` inverts them by)."""
     real = vals != INT64_MIN
-    index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)
-    k = _capped_code((vals >> 32).to(tl.int32), cap, KEY_SHIFT)  # (int32 from here: half the registers)
-    above = real & (k > cap)
-    base = tl.min(tl.where(real, k, 2147483647), 0)
-    rel = (k - base).to(tl.uint32, bitcast=True)  # (a span of up to 2^32 codes)
-    span = tl.max(tl.where(real & ~above, rel, 0), 0).to(tl.int64)  # (of the codes <= cap)
-    b = tl.arange(0, 32)
-    index_bits = tl.sum(((tl.full((32,), 1, tl.int64) << b) < vocab).to(tl.int32), 0)  # (the bits of V - 1)
-    exact = ((span + 1) << index_bits) <= 2147483648 - LIST  # (the top LIST values: the entries above the cap)
-    shift = tl.sum((((span + 1) >> b.to(tl.int64)) * LIST >= 2147483648).to(tl.int32), 0)  # (the codes >> shift,
-    # the cap's too, LIST slots each, fit 31 bits)
-    n_real = tl.sum(real.to(tl.int64), 0)
-    slot = tl.arange(0, LIST)
-    low = (1 << index_bits) - 1
-    if by_index:
-        v = 1073741823 - index  # (V <= 2^30)
-    elif exact:
-        v = tl.where(above, 2147483647 - slot, (rel.to(tl.int32, bitcast=True) << index_bits) | (low - index))
-    else:
-        v = (rel >> shift).to(tl.int32, bitcast=True) * LIST + (LIST - 1 - slot)
-    s = tl.sort(tl.where(real, v, -1), descending=True)
-    if by_index:
-        at = 1073741823 - s
-        out = pack(sanitize(tl.load(row_ptr + at, mask=s >= 0, other=0.0)), at)
-    elif exact:
-        key = _full_key(base + (s >> index_bits), KEY_SHIFT)
-        out = pack_key(key, low - (s & low))
-        out = tl.where(s >= 2147483648 - LIST, tl.load(list_ptr + (2147483647 - s), mask=s >= 2147483648 - LIST,
-                                                        other=0), out)
-    else:
-        out = tl.load(list_ptr + (LIST - 1 - (s & (LIST - 1))))
-    out = tl.where(s >= 0, out, INT64_MIN)
-    tl.debug_barrier()  # (every thread has loaded the list)
-    tl.store(list_ptr + tl.arange(0, LIST), out)
-    tl.store(stats_ptr + S_SORTED, n_real)
-    tl.store(stats_ptr + S_SORT_SHIFT, tl.where(exact | by_index, -1, shift).to(tl.int64))
-    tl.store(stats_ptr + S_SORT_BASE, base)
+    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    index = (vals & LOW_BITS) ^ LOW_BITS
+    k_min = tl.min(tl.where(real, k, INT64_MAX), 0)
+    i_max = tl.max(tl.where(real, index, -1), 0)
+    index_bits = _bit_length(i_max - tl.min(tl.where(real, index, INT64_MAX), 0))
+    codes = tl.where(real, ((k - k_min) << index_bits) | (i_max - index), -1)
+    return codes, _bit_length(tl.max(codes, 0)), k_min, index_bits, i_max
+
+
+@triton.jit
+def _token_of(code, k_min, index_bits, i_max, KEY_SHIFT: tl.constexpr):
+    """The packed token of a `_codes` code (of no token: a value between its neighbours')."""
+    key = _full_key((k_min + (code >> index_bits)).to(tl.int32), KEY_SHIFT)
+    return pack_key(key, i_max - (code & ((tl.full(code.shape, 1, tl.int64) << index_bits) - 1)))
+
+
+@triton.jit
+def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST: tl.constexpr,
+              KEY_SHIFT: tl.constexpr):
+    """The cut among the list's tokens (`listed_entries`, in no order; c_hi / m_hi: the count and
+    mass above them): (the cut, the tokens it keeps, their mass). The kept set is a prefix of
+    SPEC.md's order: top-k's first goal - c_hi; top-p's every token with less than the goal above
+    it (the first always where nothing is above the list). Its last token, the cut, is the lowest
+    v with c_hi plus the tokens >= v (top-k), m_hi plus their mass (top-p), still at the goal: one
+    `_descend`, no sort. (The list is read twice: little is live across the descent.)"""
+    vals = listed_entries(list_ptr, n, lo, hi, LIST)
+    codes, nbits, k_min, index_bits, i_max = _codes(vals, KEY_SHIFT)
+    w = tl.where(by_mass, weights32(vals, x_max, scale), (codes >= 0).to(tl.float32))
+    base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
+    x = _descend(codes, w, base, goal, nbits, False, False)  # (0 where every token is kept: at most the lowest code)
+    at = tl.min(tl.where(codes >= x, codes, INT64_MAX), 0)
+    at = tl.where(base >= goal, tl.max(codes, 0), at)  # (none kept but, for top-p, the first: see `_holds_cut`)
+    cut = _token_of(at, k_min, index_bits, i_max, KEY_SHIFT)
+    some = (base < goal) | (by_mass & (c_hi == 0))
+    vals = listed_entries(list_ptr, n, cut - 1, hi, LIST)
+    kept = (vals != INT64_MIN) & (tl.zeros_like(vals) + some.to(tl.int64) != 0)  # (the interpreter fails on an
+    # [N] & a boolean scalar here)
+    return cut, tl.sum(kept.to(tl.int64), 0), tl.sum(tl.where(kept, packed_weights(vals, x_max, scale), 0.0), 0)
 
 
 @triton.jit
 def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
-    """A list round on the sorted list: the cut, if the list holds it (`store_cut`; for top-k with
-    top-p, top-p's search starts, first in the same list: where the list is sorted exactly, top-k's
-    kept set is its first entries, in order, and the search goes on in them here, no sort), or,
-    where `_sort_list` sorted it by buckets, the list narrowed to the cut's bucket for the next
-    list round; else the list's ends narrow the region, and a pass round follows. Returns whether
-    the search is done."""
+    """A list round: the cut, if the list holds it (`_list_cut`, `store_cut`; for top-k with top-p,
+    top-p's search starts, first in the same list: top-k's kept set is in it, so the search goes
+    on there in this call); else the list's ends narrow the region, and a pass round follows.
+    Returns whether the search is done."""
     done = tl.zeros((), dtype=tl.int1)
     again = ~done
     while again:
         again = done
-        tl.debug_barrier()  # (the sorted list and its stats were stored by other threads)
-        n_real = tl.load(stats_ptr + S_SORTED)
-        _, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
+        n, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
         goal, by_mass = load_goal(stats_ptr)
         n_finite = tl.load(stats_ptr + S_FINITE_N)
-        shift = tl.load(stats_ptr + S_SORT_SHIFT)  # (these two read before the stores below: the sums between)
-        capped = tl.load(stats_ptr + S_LIST_CAP) != INT64_MAX
-        n_kept, kept_mass, list_mass = _kept_in_list(list_ptr, n_real, c_hi, m_hi, goal, by_mass, x_max, scale, LIST)
+        vals = listed_entries(list_ptr, n, lo, hi, LIST)  # (read again by `_list_cut`)
         # the list's end: as the pass that stored the list counted it (its sum in another order could
         # put a cut the pass saw inside the list outside it)
-        m_lo = tl.where(c_lo >= 0, m_lo, m_hi + list_mass)
-        c_lo = tl.where(c_lo >= 0, c_lo, c_hi + n_real)
+        m_lo = tl.where(c_lo >= 0, m_lo, m_hi + tl.sum(packed_weights(vals, x_max, scale), 0))
+        c_lo = tl.where(c_lo >= 0, c_lo, c_hi + tl.sum((vals != INT64_MIN).to(tl.int64), 0))
         top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
-        in_list = top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite)
-        if in_list & (shift >= 0):  # in the list, sorted by buckets
-            at_cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))
-            _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, at_cut, shift, x_max, scale, LIST,
-                              KEY_SHIFT)
-        elif in_list:  # the cut is in the list
-            cut = tl.load(list_ptr + tl.maximum(n_kept - 1, 0))  # (top_in: n_kept >= 1; never before the list)
+        if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
+            cut, n_kept, kept_mass = _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST,
+                                               KEY_SHIFT)
             s_kept = m_hi + kept_mass
             store_cut(stats_ptr, cut, s_kept, c_hi == 0)
             done = by_mass | ~use_p
             if not done:  # top-k's cut: top-p's next, inside the top-k set (S_k exact), first in this list
                 store_goal(stats_ptr, top_p.to(tl.float64) * s_kept, done | True)
                 store_region(stats_ptr, INT64_MAX, c_hi * 0, s_kept * 0.0, cut - 1, c_hi + n_kept, s_kept, done | True)
-                store_list(stats_ptr, n_real, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept, INT64_MAX)
-                if not capped:  # (sorted exactly) its first n_kept entries, in order: top-p's round here
-                    tl.store(stats_ptr + S_SORTED, n_kept)
-                    again = ~done
+                store_list(stats_ptr, n, cut - 1, hi, c_hi, m_hi, c_hi + n_kept, s_kept)
+                again = ~done
         else:  # the cut is below the list, or above it
             top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
             if top_in:
@@ -540,53 +503,28 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
 
 
 @triton.jit
-def _narrow_to_bucket(list_ptr, stats_ptr, n_real, lo, hi, c_hi, m_hi, cut, shift, x_max, scale, LIST: tl.constexpr,
-                      KEY_SHIFT: tl.constexpr):
-    """The list (lo, hi], sorted by buckets (`_sort_list`), narrowed to the bucket of `cut` (the
-    entry where the cut fell in that order: the cut's bucket, as the buckets' order and the
-    count and mass above each are exact): its lowest key raises lo (the count and mass above
-    it summed, CHUNK entries at a time), and the codes above the bucket's sort as one (the
-    cap); hi stays, so that the list keeps every token above the cut (`_search_start`)."""
-    C: tl.constexpr = CHUNK if CHUNK < LIST else LIST
-    base = tl.load(stats_ptr + S_SORT_BASE)
-    cap = tl.load(stats_ptr + S_LIST_CAP)
-    b_cut = (_capped_code(cut >> 32, cap, KEY_SHIFT) - base) >> shift
-    key_min = tl.zeros((), dtype=tl.int64) + INT64_MAX
-    code_max = tl.zeros((), dtype=tl.int64) + INT64_MIN
-    c_lo = tl.zeros((), dtype=tl.int64)
-    m_lo = tl.zeros((), dtype=tl.float64)
-    for start in range(0, LIST, C):
-        i = start + tl.arange(0, C)
-        p = tl.load(list_ptr + i, mask=i < n_real, other=INT64_MIN)
-        code = _capped_code(p >> 32, cap, KEY_SHIFT)
-        bucket = (code - base) >> shift
-        inside = (p != INT64_MIN) & (bucket == b_cut)
-        kept = (p != INT64_MIN) & (bucket >= b_cut)
-        key_min = tl.minimum(key_min, tl.min(tl.where(inside, p >> 32, INT64_MAX), 0))
-        code_max = tl.maximum(code_max, tl.max(tl.where(inside, code, INT64_MIN), 0))
-        c_lo += tl.sum(kept.to(tl.int64), 0)
-        m_lo += tl.sum(tl.where(kept, packed_weights(p, x_max, scale), 0.0), 0)
-    store_list(stats_ptr, n_real, tl.maximum(lo, (key_min << 32) - 1), hi, c_hi, m_hi, c_hi + c_lo, m_hi + m_lo,
-               tl.minimum(code_max, cap))  # (a capped code_max of cap + 1: the cap stays)
-
-
-@triton.jit
-def _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.constexpr):
+def _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """A pass round's 4 thresholds, to S_THRESHOLDS: the whole region where it fits the list, a
-    bracket from the sample's points in the region (`_estimate`; BRACKETS a row), else a split."""
-    tl.debug_barrier()  # (the sorted points and their stats were stored by other threads)
-    n_pts = tl.load(stats_ptr + S_SORTED)
+    bracket from the sample's points in the region (`_store_sample`, `_estimate`; BRACKETS a
+    row), else a split."""
+    tl.debug_barrier()  # (stored by other threads)
     brackets = tl.load(stats_ptr + S_BRACKETS)
     top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
     goal, by_mass = load_goal(stats_ptr)
-    if c_bot - c_top <= LIST:  # (an upper bound of the region's tokens)
-        t = tl.where(tl.arange(0, 4) < 2, top, bot)
-    elif (n_pts >= MIN_POINTS) & (brackets < BRACKETS):
-        t = _estimate(list_ptr, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, scale,
-                      (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST)
-        tl.store(stats_ptr + S_BRACKETS, brackets + 1)
-    else:
-        t = _split(top, bot, vocab)
+    t = tl.where(tl.arange(0, 4) < 2, top, bot)  # (the whole region, where it fits the list)
+    if c_bot - c_top > LIST:  # (an upper bound of the region's tokens)
+        split = brackets >= BRACKETS
+        if not split:
+            _store_sample(row_ptr, vocab, list_ptr, LIST)
+            pts = listed_entries(list_ptr, LIST, bot, top, LIST)
+            n_pts = tl.sum((pts != INT64_MIN).to(tl.int64), 0)
+            split = n_pts < MIN_POINTS
+            if not split:
+                t = _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, scale,
+                              (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST, KEY_SHIFT)
+                tl.store(stats_ptr + S_BRACKETS, brackets + 1)
+        if split:
+            t = _split(top, bot, vocab)
     tl.store(stats_ptr + S_THRESHOLDS + tl.arange(0, 4), t)
     tl.store(stats_ptr + S_FILL, 0)  # (the pass's lanes claim list slots from it)
 
@@ -630,7 +568,7 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
         m_first = tl.sum(tl.where(q == 1, above_m, 0.0), 0)
         m_last = tl.sum(tl.where(q == 2, above_m, 0.0), 0)
         store_list(stats_ptr, stored, tl.sum(tl.where(q == 2, t, 0), 0), tl.sum(tl.where(q == 1, t, 0), 0), c_first,
-                   m_first, c_first + stored, m_last, INT64_MAX)
+                   m_first, c_first + stored, m_last)
 
 
 @triton.jit
@@ -654,7 +592,7 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
     store_goal(stats_ptr, tl.where(use_k, top_k.to(tl.float64), top_p.to(tl.float64) * mass), ~use_k)
     store_region(stats_ptr, INT64_MAX, zero, zero.to(tl.float64), INT64_MIN, zero + vocab, mass, zero != 0)
     store_list(stats_ptr, listed, ((bound - KEY_OFFSET) << 32) - 1, zero + INT64_MAX, zero, zero.to(tl.float64),
-               zero - 1, zero.to(tl.float64), zero + INT64_MAX)
+               zero - 1, zero.to(tl.float64))
     tl.store(stats_ptr + S_HAVE_LIST, ((listed >= 0) & (listed <= LIST)).to(tl.int64))
     tl.store(stats_ptr + S_BRACKETS, 0)
     tl.store(stats_ptr + S_PASSES, 0)
@@ -699,7 +637,7 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
         c = tl.arange(0, SELECT_SPLITS)
         live = c * chunk < vocab
         masses = load_parts_mass_above(parts_ptr, 1, live)  # (threshold 1: the list's top)
-        n = tl.load(stats_ptr + S_SORTED)
+        n = tl.load(stats_ptr + S_LIST_N)  # (the split pass's list: (t2, t1] only)
         for base in range(0, LIST, C):
             index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
             masses += tl.sum(tl.where((index // chunk)[:, None] == c[None, :], e[:, None], 0.0), 0)
@@ -722,7 +660,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     launch, which finishes every row: the bound's passes). A row whose list holds its kept set
     gets its token here (step 7 from the list); else PH_SEARCH (`select_search`). Returns the
     token, or UNDECIDED. The state lives in the row's stats between rounds (`scratch`), so that
-    little is live across each round's sort; passes are counted at S_PASSES."""
+    little is live across each round's descents; passes are counted at S_PASSES."""
     LIST: tl.constexpr = 2 * BUF
     DT: tl.constexpr = row_ptr.dtype.element_ty
     KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`_coarse_key`)
@@ -739,23 +677,18 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     if phase == PH_ROUNDS:
         done = phase != phase
         wanted = phase != phase
-        by_index = phase != phase  # (a last round: the kept set by index, for step 7 from the list)
         rounds = tl.zeros((), dtype=tl.int32)
         while (~done) & (~wanted) & (rounds < ROUNDS):
             rounds += 1
             tl.debug_barrier()  # (stored by other threads)
-            have = tl.load(stats_ptr + S_HAVE_LIST) != 0
-            _sort_list(row_ptr, vocab, list_ptr, stats_ptr, have, by_index, LIST, KEY_SHIFT)
-            if by_index:
-                tl.debug_barrier()  # (stored by other threads)
-                token = _index_search(list_ptr, tl.load(stats_ptr + S_SORTED), x_max, scale, u, LIST)
-                done = by_index
-            elif have:
+            if tl.load(stats_ptr + S_HAVE_LIST) != 0:
                 if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):
-                    by_index = load_cut(stats_ptr)[2]  # (the list holds the whole kept set)
-                    done = ~by_index
+                    done = ~done
+                    cut, _, listed = load_cut(stats_ptr)
+                    if listed:  # (the list holds the whole kept set: step 7 from it)
+                        token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, LIST)
             else:
-                _thresholds(vocab, list_ptr, stats_ptr, x_max, scale, LIST)
+                _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)
                 if INLINE:
                     tl.debug_barrier()  # (stored by other threads)
                     above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
@@ -764,7 +697,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                     tl.store(stats_ptr + S_LIST_PARTS, 0)
                     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
                 else:
-                    wanted = have | True
+                    wanted = ~wanted
         phase = tl.where(wanted, PH_PASS, tl.where(done, PH_SEARCH, PH_ROUNDS)).to(tl.int64)
         if token != UNDECIDED:  # (step 7 from the list)
             phase = phase * 0

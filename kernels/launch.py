@@ -136,8 +136,8 @@ def select_programs(device: torch.device) -> int:
 
 def supports(logits_dtype: torch.dtype, vocab: int) -> bool:
     """The domain of every head kernel: float32 / bfloat16 / float16 logits, 1 <= V <= 2^30
-    (indices are packed in 32 bits next to the 32-bit keys; the sample select's sort holds an
-    index and at least two key codes in 31 bits: `cut_select._sort_list`)."""
+    (indices are packed in 32 bits next to the 32-bit keys; the sample select's step 7 codes an
+    index in 31 bits: `cut_select._index_search`)."""
     return logits_dtype in SUPPORTED_DTYPES and 1 <= vocab <= 2**30
 
 

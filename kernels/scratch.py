@@ -30,7 +30,7 @@ import triton.language as tl
 
 HOT_WORDS = tl.constexpr(256)  # 512 int32 lanes: `launch.LIGHT_BYTES` * 8 / `sampling_rule.LANE_BITS`
 RESULTS = tl.constexpr(4)
-STATS = tl.constexpr(42)
+STATS = tl.constexpr(38)
 PREFIX_SPLITS = 8  # chunks of a temperature-only row whose end prefix masses it keeps (`launch.prefix_chunks`)
 PREFIX_WORDS = tl.constexpr(2 * PREFIX_SPLITS)
 
@@ -60,8 +60,8 @@ S_MASS = tl.constexpr(4)  # float64 mass S (top-p alone)
 S_BOUND = tl.constexpr(5)  # the unsigned key bound of the candidates: every finite token with key >= it
 S_PASSES = tl.constexpr(6)  # `cut_select`'s passes over the row (after the row's first)
 S_THRESHOLDS = tl.constexpr(7)  # 4 words: the packed thresholds of `cut_select`'s last pass
-# `cut_select`'s state between its rounds (kept here, not in registers: a 4096-entry sort runs each round)
-S_LIST_N = tl.constexpr(11)  # the list (`store_list`): its entries, every token of (lo, hi] ...
+# `cut_select`'s state between its rounds and launches
+S_LIST_N = tl.constexpr(11)  # the list (`store_list`): its slots in use, holding every token of (lo, hi] ...
 S_LIST_LO = tl.constexpr(12)
 S_LIST_HI = tl.constexpr(13)
 S_LIST_C_HI = tl.constexpr(14)  # ... the count and mass above hi and above lo (count -1: not counted)
@@ -82,22 +82,18 @@ S_GOAL = tl.constexpr(28)  # the cut searched (`store_goal`): k, or top_p * S_k 
 S_BY_MASS = tl.constexpr(29)  # ... 1 for a top-p cut
 S_HAVE_LIST = tl.constexpr(30)  # 1: the list holds the cut's region (a list round next), 0: a pass round
 S_BRACKETS = tl.constexpr(31)  # bracket passes so far
-S_SORTED = tl.constexpr(32)  # the entries of this round's sorted list
-S_FINITE_N = tl.constexpr(33)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
-S_FILL = tl.constexpr(34)  # the entries a pass has listed so far (its lanes' atomic adds)
-S_PHASE = tl.constexpr(35)  # where a row is in `cut_select`'s launches: a PH_* below (0: not in the select)
-S_LIST_PARTS = tl.constexpr(36)  # 1: the last pass was split (`parts_of` holds each part's mass above the list)
-S_SEARCH_LO = tl.constexpr(37)  # where step 7's pass starts (the part where the prefix crosses t) ...
-S_SEARCH_PREFIX = tl.constexpr(38)  # ... and the kept mass before it (float64)
-S_SORT_SHIFT = tl.constexpr(39)  # how this round's list is sorted (`cut_select._sort_list`): -1 exactly, else by
-S_SORT_BASE = tl.constexpr(40)  # ... buckets of 2^shift key codes from this one (in each, by list slot)
-S_LIST_CAP = tl.constexpr(41)  # the list's last key code sorted as such; those above it sort as one (`store_list`)
+S_FINITE_N = tl.constexpr(32)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
+S_FILL = tl.constexpr(33)  # the entries a pass has listed so far (its lanes' atomic adds)
+S_PHASE = tl.constexpr(34)  # where a row is in `cut_select`'s launches: a PH_* below (0: not in the select)
+S_LIST_PARTS = tl.constexpr(35)  # 1: the last pass was split (`parts_of` holds each part's mass above the list)
+S_SEARCH_LO = tl.constexpr(36)  # where step 7's pass starts (the part where the prefix crosses t) ...
+S_SEARCH_PREFIX = tl.constexpr(37)  # ... and the kept mass before it (float64)
 STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
               "threshold_1", "threshold_2", "threshold_3", "list_n", "list_lo", "list_hi", "list_above_hi",
               "list_mass_above_hi_bits", "list_above_lo", "list_mass_above_lo_bits", "cut", "cut_mass_bits",
               "cut_listed", "top", "top_n", "top_mass_bits", "bot", "bot_n", "bot_mass_bits", "bot_exact",
-              "goal_bits", "by_mass", "have_list", "brackets", "sorted", "finite_n", "fill", "phase", "list_parts",
-              "search_lo", "search_prefix_bits", "sort_shift", "sort_base", "list_cap")
+              "goal_bits", "by_mass", "have_list", "brackets", "finite_n", "fill", "phase", "list_parts",
+              "search_lo", "search_prefix_bits")
 assert len(STAT_NAMES) == STATS.value
 
 # S_PHASE: a row in the sample select, between its launches (`cut_select`)
@@ -253,10 +249,10 @@ def store_stats(stats_ptr, count, x_max, arg, finite, mass):
 
 
 @triton.jit
-def store_list(stats_ptr, n, lo, hi, c_hi, m_hi, c_lo, m_lo, cap):
-    """`cut_select`'s list: n entries, every token of (lo, hi]; c_hi / m_hi the count and mass
-    above hi, c_lo / m_lo above lo (c_lo -1: not counted); cap: see S_LIST_CAP (INT64_MAX: none)."""
-    tl.store(stats_ptr + S_LIST_CAP, cap)
+def store_list(stats_ptr, n, lo, hi, c_hi, m_hi, c_lo, m_lo):
+    """`cut_select`'s list: its first n slots, in no order, hold every token of (lo, hi] (and maybe
+    tokens outside it: readers keep (lo, hi] only); c_hi / m_hi the count and mass above hi, c_lo /
+    m_lo above lo (c_lo -1: not counted)."""
     tl.store(stats_ptr + S_LIST_N, n)
     tl.store(stats_ptr + S_LIST_LO, lo)
     tl.store(stats_ptr + S_LIST_HI, hi)

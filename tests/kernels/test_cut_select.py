@@ -24,6 +24,7 @@ from dflash_et.kernels import cut_select, launch, scratch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
 from dflash_et.kernels.common import weight_scale
+from dflash_et.kernels.sampling_rule import INT64_MAX, INT64_MIN
 
 SAMPLE_KEYS = cases.SAMPLE_INPUTS
 VERIFY_KEYS = cases.VERIFY_INPUTS
@@ -173,13 +174,13 @@ def test_lists_that_hold_the_cut_are_decided_without_a_pass():
     bits = logits.view(torch.int32).long()
     unsigned = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
     for r, st in enumerate(stats[:3]):  # top-k alone: every token at or above the bound was listed (the
-        # count), the kept set is the top k of them in SPEC.md's order (key, then index), and step 7's round
-        # left it in the list by index
+        # count), and the cut keeps the top k of them in SPEC.md's order (key, then index)
         assert st["count"] == int((unsigned[r] >= st["bound"]).sum())
         order = sorted(range(vocab), key=lambda i: (-int(unsigned[r, i]), i))
-        indices, keys = scratch.packed_list(r, st["sorted"])
-        assert indices.tolist() == sorted(order[:int(top_k[r])])
+        indices, keys = scratch.packed_list(r, st["list_n"])
         assert torch.equal(keys, unsigned[r, indices])
+        kept = scratch.work[r, :st["list_n"]].cpu() >= st["cut"]
+        assert sorted(indices[kept].tolist()) == sorted(order[:int(top_k[r])])
 
 
 def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
@@ -222,12 +223,6 @@ def test_step_7_starts_in_the_part_where_the_prefix_crosses():
     assert sum(s > 0 for s in starts) >= n // 2, starts
 
 
-@triton.jit
-def _sort_list_kernel(row_ptr, vocab, list_ptr, stats_ptr, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
-    cut_select._sort_list(row_ptr, vocab, list_ptr, stats_ptr, tl.program_id(0) >= 0, tl.program_id(0) < 0, LIST,
-                          KEY_SHIFT)
-
-
 def _packed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """SPEC.md's packed tokens (key << 32 | ~index) of float32 values."""
     bits = values.float().view(torch.int32).long()
@@ -235,20 +230,76 @@ def _packed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return (key << 32) | (0xFFFFFFFF - indices)
 
 
-def _sorted_by_kernel(packed, vocab, cap=None, key_shift=0, lo=None, hi=None, list_size=256):
-    """(the list after `_sort_list`'s list round on `packed` (its slots in this order), stats)."""
-    n = packed.numel()
-    list_ = torch.full((list_size,), -2**63, dtype=torch.int64)
-    list_[:n] = packed
-    stats = torch.zeros(64, dtype=torch.int64)
-    for word, value in ((scratch.S_LIST_N, n), (scratch.S_LIST_LO, -2**63 if lo is None else lo),
-                        (scratch.S_LIST_HI, 2**63 - 1 if hi is None else hi),
-                        (scratch.S_LIST_CAP, 2**63 - 1 if cap is None else cap)):
-        stats[word.value] = value
-    row = torch.zeros(vocab, dtype=torch.float32)
-    list_, stats = list_.to(DEVICE), stats.to(DEVICE)
-    _sort_list_kernel[(1,)](row.to(DEVICE), vocab, list_, stats, LIST=list_size, KEY_SHIFT=key_shift)
-    return list_.cpu(), stats.cpu()
+@triton.jit
+def _list_cut_kernel(vals_ptr, out_ptr, c_hi, m_hi, goal, by_mass, x_max, temperature, u, N: tl.constexpr,
+                     KEY_SHIFT: tl.constexpr):
+    zero = tl.zeros((), dtype=tl.int64)
+    f32 = tl.zeros((), dtype=tl.float32)
+    scale = weight_scale(f32 + temperature)
+    cut, n_kept, kept_mass = cut_select._list_cut(vals_ptr, zero + N, zero + INT64_MIN, zero + INT64_MAX, zero + c_hi,
+                                                  (zero + m_hi).to(tl.float64), (zero + goal).to(tl.float64),
+                                                  (zero + by_mass) != 0, f32 + x_max, scale, N, KEY_SHIFT)
+    tl.store(out_ptr, cut)
+    tl.store(out_ptr + 1, n_kept)
+    tl.store(out_ptr + 2, kept_mass.to(tl.int64, bitcast=True))
+    tl.store(out_ptr + 3, cut_select._index_search(vals_ptr, zero + N, cut, f32 + x_max, scale, f32 + u, N))
+
+
+def _list_cut(vals, c_hi=0, m_hi=0.0, goal=1.0, by_mass=False, x_max=0.0, temperature=1.0, u=0.5, key_shift=0):
+    """`_list_cut` on a list (its slots in this order, INT64_MIN: none), and `_index_search` on its
+    kept set: (cut, kept count, kept mass, step 7's token)."""
+    n = 1 << max(vals.numel() - 1, 1).bit_length()
+    list_ = torch.full((n,), -2**63, dtype=torch.int64)
+    list_[:vals.numel()] = vals
+    out = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    _list_cut_kernel[(1,)](list_.to(DEVICE), out, c_hi, m_hi, goal, int(by_mass), x_max, temperature, u, N=n,
+                           KEY_SHIFT=key_shift)
+    out = out.cpu()
+    return int(out[0]), int(out[1]), float(out[2:3].view(torch.float64)), int(out[3])
+
+
+def test_the_list_cut_is_spec_orders_on_ties_and_wide_keys():
+    """`_list_cut` on lists in no order: top-k's cut is the (goal - c_hi)-th token of SPEC.md's order
+    (key descending, ties by index) for every goal, top-p's the first token whose sum from the top
+    (m_hi and itself included) reaches the goal; on bfloat16 keys with many ties, FLT_MAX (a sanitized
+    +inf) above the largest bfloat16, -FLT_MAX, empty slots between the tokens, and float32 keys over
+    a wide span. Step 7 over the kept set (`_index_search`): the smallest index whose prefix mass in
+    index order exceeds u times the set's mass."""
+    g = torch.Generator().manual_seed(90)
+    idx = torch.randperm(3000, generator=g)[:200]
+    ties = (torch.randn(200, generator=g) * 2).round().bfloat16().float()
+    ties[:3] = torch.tensor([3.4028234663852886e38, 3.3895313892515355e38, -3.3895313892515355e38])
+    wide = torch.randn(200, generator=g) * 10.0
+    for values, key_shift, temperature in ((ties, 16, 1.7), (wide, 0, 20.0)):
+        packed = _packed(values, idx)
+        slots = torch.full((256,), -2**63, dtype=torch.int64)
+        slots[torch.randperm(256, generator=g)[:200]] = packed
+        order = packed.sort(descending=True).values
+        for k in (1, 2, 7, 100, 199, 200):
+            cut, n_kept, _, _ = _list_cut(slots, c_hi=3, goal=k + 3.0, key_shift=key_shift)
+            assert (cut, n_kept) == (int(order[k - 1]), k)
+        finite = values.clamp(-3.4e38, 3.4e38)
+        x_max = 2.0  # (FLT_MAX's weight: +inf; the mass cases leave the first 3 out)
+        inside = slots.clone()
+        inside[(inside >= order[2]) | (inside == order[199])] = -2**63
+        ranked = order[3:199]
+        by_value = {int(p): float(v) for p, v in zip(packed, finite)}
+        w = torch.tensor([by_value[int(p)] for p in ranked], dtype=torch.float32)
+        w = torch.exp2((w - x_max) * (1.4426950408889634 / temperature)).double()
+        inclusive = 0.25 + torch.cumsum(w, 0)
+        for at in (0, 1, 50, 150, 195):
+            goal = float(inclusive[at]) - 0.5 * float(w[at])  # (between two sums: no rounding decides it)
+            cut, n_kept, mass, token = _list_cut(inside, c_hi=3, m_hi=0.25, goal=goal, by_mass=True, x_max=x_max,
+                                                 temperature=temperature, u=0.3, key_shift=key_shift)
+            assert (cut, n_kept) == (int(ranked[at]), at + 1)
+            assert math.isclose(mass, float(inclusive[at]) - 0.25, rel_tol=1e-6)  # (float32 weights)
+            kept_idx = (0xFFFFFFFF - (ranked[:at + 1] & 0xFFFFFFFF))
+            by_index = kept_idx.sort()
+            prefix = torch.cumsum(w[:at + 1][by_index.indices], 0)
+            t = 0.3 * float(prefix[-1])
+            assert token == int(by_index.values[int((prefix <= t).sum())])
+        assert _list_cut(inside, c_hi=3, m_hi=0.25, goal=1e9, by_mass=True, x_max=x_max, temperature=temperature,
+                         key_shift=key_shift)[:2] == (int(ranked[-1]), 196)  # (short of the goal: every token)
 
 
 @triton.jit
@@ -263,83 +314,35 @@ def _f64_bits(x: float) -> int:
     return int(torch.tensor([x], dtype=torch.float64).view(torch.int64))
 
 
-def test_top_p_goes_on_in_top_ks_sorted_list_without_a_sort():
-    """top-k + top-p with both cuts in an exactly sorted list: one `_list_round` finds top-k's cut,
-    then top-p's among top-k's kept set (the list's first k entries, in order): the search is
-    done, no second round (no second sort). With a cap (the list's first entries sorted as one
-    code, in slot order: not in order), the round stops at top-k's cut and leaves top-p's
-    goal for the next round, which sorts."""
+def test_top_p_goes_on_in_top_ks_list_in_the_same_round():
+    """top-k + top-p with both cuts in the list (its slots in no order, some empty, some outside
+    (lo, hi]): one `_list_round` finds top-k's cut, then top-p's among top-k's kept set in the same
+    list, and the search is done: no second round, no pass."""
     g = torch.Generator().manual_seed(91)
     n, k, top_p, temperature = 200, 120, 0.8, 0.7
     values = torch.randn(n, generator=g) * 2.0
-    packed = _packed(values, torch.randperm(3000, generator=g)[:n]).sort(descending=True).values
+    packed = _packed(values, torch.randperm(3000, generator=g)[:n])
+    order = packed.sort(descending=True).values
     x_max = float(values.max())
     weights = torch.exp((values.sort(descending=True).values.double() - x_max) / temperature)
     s_k = float(weights[:k].sum())
     before = torch.cumsum(weights[:k], 0) - weights[:k]  # the mass before each entry
     n_p = int((before < top_p * s_k).sum())  # (the first entry always kept)
-    for capped in (False, True):
-        stats = torch.zeros(64, dtype=torch.int64)
-        words = {scratch.S_SORTED: n, scratch.S_LIST_N: n, scratch.S_LIST_LO: int(packed[-1]) - 1,
-                 scratch.S_LIST_HI: 2**63 - 1, scratch.S_LIST_C_LO: -1, scratch.S_GOAL: _f64_bits(float(k)),
-                 scratch.S_FINITE_N: n + 50, scratch.S_SORT_SHIFT: -1, scratch.S_TOP: 2**63 - 1,
-                 scratch.S_BOT: -2**63, scratch.S_BOT_N: n + 50,
-                 scratch.S_LIST_CAP: int(packed[5] >> 32) if capped else 2**63 - 1}
-        for word, value in words.items():
-            stats[word.value] = value
-        list_ = torch.full((256,), -2**63, dtype=torch.int64)
-        list_[:n] = packed
-        out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-        list_, stats = list_.to(DEVICE), stats.to(DEVICE)
-        _list_round_kernel[(1,)](list_, stats, out, top_p, x_max, temperature, LIST=256)
-        stats = dict(zip(scratch.STAT_NAMES, stats.cpu().tolist()))
-        got_goal = float(torch.tensor([stats["goal_bits"]]).view(torch.float64))
-        assert stats["by_mass"] == 1 and math.isclose(got_goal, top_p * s_k, rel_tol=1e-5)
-        if capped:  # top-k's cut only: top-p's round next
-            assert int(out) == 0 and stats["cut"] == int(packed[k - 1]) and stats["sorted"] == n
-        else:
-            assert n_p < k and int(out) == 1 and stats["cut"] == int(packed[n_p - 1])
-            assert stats["cut_listed"] == 1 and stats["sorted"] == k
-
-
-def test_the_list_sort_is_exact_by_key_and_index_or_by_buckets():
-    """`_sort_list` on 32-bit values: SPEC.md's order exactly (key descending, then index) where
-    the key codes' span leaves bits for the index: bfloat16 codes (the key >> 16) with many ties,
-    FLT_MAX (a sanitized +inf) above the largest bfloat16; else buckets of 2^shift codes in order,
-    in slot order inside (float32 keys over a wide span), each token kept; with a cap, the codes
-    above it first (in slot order), the rest exact; the range (lo, hi] only."""
-    g = torch.Generator().manual_seed(90)
-    vocab = 3000
-    idx = torch.randperm(vocab, generator=g)[:200]
-    ties = (torch.randn(200, generator=g) * 2).round().bfloat16().float()
-    ties[:3] = torch.tensor([3.4028234663852886e38, 3.3895313892515355e38, -3.3895313892515355e38])  # FLT_MAX, bf16 max
-    packed = _packed(ties, idx)
-    got, stats = _sorted_by_kernel(packed, vocab, key_shift=16)
-    assert stats[scratch.S_SORT_SHIFT.value] == -1 and stats[scratch.S_SORTED.value] == 200
-    assert torch.equal(got[:200], packed.sort(descending=True).values)
-    assert (got[200:] == -2**63).all()
-
-    wide = torch.randn(200, generator=g) * 10.0  # float32 keys over ~2^30 codes: buckets
-    packed = _packed(wide, idx)
-    got, stats = _sorted_by_kernel(packed, vocab)
-    shift = int(stats[scratch.S_SORT_SHIFT.value])
-    base = int(stats[scratch.S_SORT_BASE.value])
-    assert shift > 0
-    assert sorted(got[:200].tolist()) == sorted(packed.tolist())
-    buckets = ((got[:200] >> 32) - base) >> shift
-    assert (buckets[1:] <= buckets[:-1]).all()
-    slots = {v: s for s, v in enumerate(packed.tolist())}
-    for b in buckets.unique().tolist():  # slot order inside a bucket
-        order = [slots[v] for v in got[:200][buckets == b].tolist()]
-        assert order == sorted(order)
-
-    near = 1.0 + torch.randint(0, 1000, (200,), generator=g) * 2.0**-23  # codes within 1000 (ties too) ...
-    near[:30] = 5.0 + torch.rand(30, generator=g) * 90  # ... and 30 far above the cap: one code, then exact
-    packed = _packed(near, idx)
-    lo = int(packed.sort().values[19])  # (lo, hi]: the top 180 tokens
-    got, stats = _sorted_by_kernel(packed, vocab, cap=int(_packed(torch.tensor([2.0]), torch.tensor([0])) >> 32),
-                                   lo=lo)
-    inside = packed[packed > lo]
-    assert stats[scratch.S_SORT_SHIFT.value] == -1 and stats[scratch.S_SORTED.value] == 180
-    assert sorted(got[:30].tolist()) == sorted(packed[:30].tolist())
-    assert torch.equal(got[30:180], inside[inside < packed[:30].min()].sort(descending=True).values)
+    stats = torch.zeros(64, dtype=torch.int64)
+    words = {scratch.S_LIST_N: 256, scratch.S_LIST_LO: int(order[-1]) - 1, scratch.S_LIST_HI: 2**63 - 1,
+             scratch.S_LIST_C_LO: -1, scratch.S_GOAL: _f64_bits(float(k)), scratch.S_FINITE_N: n + 50,
+             scratch.S_TOP: 2**63 - 1, scratch.S_BOT: -2**63, scratch.S_BOT_N: n + 50}
+    for word, value in words.items():
+        stats[word.value] = value
+    list_ = torch.full((256,), -2**63, dtype=torch.int64)
+    slots = torch.randperm(256, generator=g)
+    list_[slots[:n]] = packed
+    list_[slots[n:n + 20]] = int(order[-1]) - 5  # (below lo: not the list's)
+    out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    list_, stats = list_.to(DEVICE), stats.to(DEVICE)
+    _list_round_kernel[(1,)](list_, stats, out, top_p, x_max, temperature, LIST=256)
+    stats = dict(zip(scratch.STAT_NAMES, stats.cpu().tolist()))
+    got_goal = float(torch.tensor([stats["goal_bits"]]).view(torch.float64))
+    assert stats["by_mass"] == 1 and math.isclose(got_goal, top_p * s_k, rel_tol=1e-5)
+    assert n_p < k and int(out) == 1 and stats["cut"] == int(order[n_p - 1])
+    assert stats["cut_listed"] == 1 and stats["list_lo"] == int(order[k - 1]) - 1
