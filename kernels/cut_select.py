@@ -90,9 +90,10 @@ SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then
 SELECT_ROUNDS = tl.constexpr(1)  # `select_rounds`
 SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a row
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
+SPLIT_BITS = tl.constexpr(4)  # log2(SELECT_SPLITS): `_search_start`'s lifting steps
+assert 1 << SPLIT_BITS.value == SELECT_SPLITS.value
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
-CHUNK = tl.constexpr(512)  # list entries per step of `_search_start`'s sums
 SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
 FLT_MAX_KEY = tl.constexpr(2139095039)  # ordered_key(FLT_MAX): 0x7F7FFFFF
@@ -365,14 +366,6 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
 
 
 @triton.jit
-def _list_chunk(list_ptr, n, base, cut, x_max, scale, C: tl.constexpr):
-    """Entries [base, base + C) of the list: (their indices, their float64 weights where kept: p >= cut)."""
-    i = base + tl.arange(0, C)
-    p = tl.load(list_ptr + i, mask=i < n, other=INT64_MIN)
-    return (p & LOW_BITS) ^ LOW_BITS, tl.where(p >= cut, packed_weights(p, x_max, scale), 0.0)  # (index, weight)
-
-
-@triton.jit
 def _coarse_key(key, KEY_SHIFT: tl.constexpr):
     """An int32 key without the KEY_SHIFT low bits that every value of the row's dtype leaves
     constant (`_codes`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
@@ -629,23 +622,29 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
     prefix crosses t (t = u S_kept) and reads one part, not the row; else at the row's start.
     Part sums and the pass's differ in order only (SPEC.md's legal difference): the pass goes on
     past the part if its own sums cross later."""
-    C: tl.constexpr = CHUNK // 4 if CHUNK // 4 < LIST else LIST  # (a [C, SELECT_SPLITS] float64 sum: 32 registers)
     lo = tl.zeros((), dtype=tl.int64)
     prefix = tl.zeros((), dtype=tl.float64)
     tl.debug_barrier()  # (stored by other threads)
     if tl.load(stats_ptr + S_LIST_PARTS) != 0:
         c = tl.arange(0, SELECT_SPLITS)
         live = c * chunk < vocab
-        masses = load_parts_mass_above(parts_ptr, 1, live)  # (threshold 1: the list's top)
-        n = tl.load(stats_ptr + S_LIST_N)  # (the split pass's list: (t2, t1] only)
-        for base in range(0, LIST, C):
-            index, e = _list_chunk(list_ptr, n, base, cut, x_max, scale, C)
-            masses += tl.sum(tl.where((index // chunk)[:, None] == c[None, :], e[:, None], 0.0), 0)
-        before = tl.cumsum(masses, 0) - masses
-        crossing = live & (before + masses > t)
-        at = tl.min(tl.where(crossing, c, SELECT_SPLITS), 0)
-        lo = tl.where(at < SELECT_SPLITS, at.to(tl.int64) * chunk, lo)
-        prefix = tl.where(at < SELECT_SPLITS, tl.sum(tl.where(c == at, before, 0.0), 0), prefix)
+        above = tl.cumsum(load_parts_mass_above(parts_ptr, 1, live), 0)  # (threshold 1: the list's top; parts <= c)
+        vals = listed_entries(list_ptr, tl.load(stats_ptr + S_LIST_N), cut - 1, INT64_MAX, LIST)  # (the split
+        # pass's list: (t2, t1] only; its kept tokens)
+        e = weights32(vals, x_max, scale)
+        index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)  # (V <= 2^30)
+        # the parts whose prefix (the parts up to them) is at most t, a run from part 0: their
+        # number m by binary lifting, one sum over the list a step; the pass starts at part m
+        n_live = tl.sum(live.to(tl.int32), 0)
+        m = tl.zeros((), dtype=tl.int32)
+        for i in range(0, SPLIT_BITS + 1):
+            step = m + (tl.full((), SELECT_SPLITS, tl.int32) >> i)  # (16, 8, 4, 2, 1)
+            listed = tl.sum(tl.where(index < step * chunk, e, 0.0).to(tl.float64), 0)
+            m = tl.where((step <= n_live) & (tl.sum(tl.where(c == step - 1, above, 0.0), 0) + listed <= t), step, m)
+        if m < n_live:
+            lo = m.to(tl.int64) * chunk
+            prefix = (tl.sum(tl.where(c == m - 1, above, 0.0), 0)
+                      + tl.sum(tl.where(index < m * chunk, e, 0.0).to(tl.float64), 0))
     tl.store(stats_ptr + S_SEARCH_LO, lo)
     tl.store(stats_ptr + S_SEARCH_PREFIX, f64_word(prefix))
 
