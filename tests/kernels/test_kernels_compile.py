@@ -32,8 +32,8 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
     # greedy_rows, sample_rows 6 (3 select stages), attention 2, delta_rows
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
-    for line in lines:  # the sample select's launches: no stack frame either (its 4096-entry sort and
-        # lists sit at the edge of 255 registers: a frame there is spills, `kernels/cut_select.py`)
+    for line in lines:  # the sample select's launches: no stack frame either (their descents over a
+        # 4096-entry list sit at the edge of 255 registers: a frame there is spills, `kernels/cut_select.py`)
         if "verify_filtered" in line or "filtered=True" in line or "sample_select" in line:
             assert "STACK:0" in line, line
 
