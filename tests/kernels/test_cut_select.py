@@ -261,16 +261,18 @@ def _list_cut(vals, c_hi=0, m_hi=0.0, goal=1.0, by_mass=False, x_max=0.0, temper
 def test_the_list_cut_is_spec_orders_on_ties_and_wide_keys():
     """`_list_cut` on lists in no order: top-k's cut is the (goal - c_hi)-th token of SPEC.md's order
     (key descending, ties by index) for every goal, top-p's the first token whose sum from the top
-    (m_hi and itself included) reaches the goal; on bfloat16 keys with many ties, FLT_MAX (a sanitized
-    +inf) above the largest bfloat16, -FLT_MAX, empty slots between the tokens, and float32 keys over
+    (m_hi and itself included) reaches the goal; on bfloat16 and float16 keys with many ties, FLT_MAX (a
+    sanitized +inf) above the dtype's largest, its lowest, empty slots between the tokens, and float32 keys over
     a wide span. Step 7 over the kept set (`_index_search`): the smallest index whose prefix mass in
     index order exceeds u times the set's mass."""
     g = torch.Generator().manual_seed(90)
     idx = torch.randperm(3000, generator=g)[:200]
     ties = (torch.randn(200, generator=g) * 2).round().bfloat16().float()
     ties[:3] = torch.tensor([3.4028234663852886e38, 3.3895313892515355e38, -3.3895313892515355e38])
+    half = (torch.randn(200, generator=g) * 2).round().half().float()  # (float16: key codes >> 13)
+    half[:3] = torch.tensor([3.4028234663852886e38, 65504.0, -65504.0])
     wide = torch.randn(200, generator=g) * 10.0
-    for values, key_shift, temperature in ((ties, 16, 1.7), (wide, 0, 20.0)):
+    for values, key_shift, temperature in ((ties, 16, 1.7), (half, 13, 1.7), (wide, 0, 20.0)):
         packed = _packed(values, idx)
         slots = torch.full((256,), -2**63, dtype=torch.int64)
         slots[torch.randperm(256, generator=g)[:200]] = packed
