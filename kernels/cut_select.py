@@ -73,7 +73,7 @@ from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scal
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_N,
                       S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS, SELECT_SPLITS,
-                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_part, load_parts_mass_above,
+                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts, load_parts_mass_above,
                       load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
@@ -596,21 +596,9 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
 
 @triton.jit
 def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
-    """A split pass's parts (`select_pass_part`), summed in the order of the row (the same sums
+    """A split pass's parts (`select_pass_part`), summed (`scratch.load_parts`: the same sums
     whichever program ran first), then `_narrow`."""
-    above_n = tl.zeros((4,), dtype=tl.int64)
-    above_m = tl.zeros((4,), dtype=tl.float64)
-    lowest = tl.zeros((), dtype=tl.int64) + INT64_MAX
-    n_finite = tl.zeros((), dtype=tl.int64)
-    m_finite = tl.zeros((), dtype=tl.float64)
-    for c in range(0, SELECT_SPLITS):
-        if c * chunk < vocab:
-            part_n, part_m, part_lowest, part_finite_n, part_finite_m = load_part(part_of(parts_ptr, c))
-            above_n += part_n
-            above_m += part_m
-            lowest = tl.minimum(lowest, part_lowest)
-            n_finite += part_finite_n
-            m_finite += part_finite_m
+    above_n, above_m, lowest, n_finite, m_finite = load_parts(parts_ptr, tl.arange(0, SELECT_SPLITS) * chunk < vocab)
     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
 
 

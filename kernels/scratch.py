@@ -102,7 +102,7 @@ PH_PASS = tl.constexpr(2)  # it wants a pass (S_THRESHOLDS): the next pass launc
 PH_SEARCH = tl.constexpr(3)  # its cut is found: the search launch finds its token (step 7)
 
 # A select row's pass parts (`parts_of`): the pass launch's SELECT_SPLITS programs of a row each store
-# PART_WORDS (`store_part`, `load_part`)
+# PART_WORDS (`store_part`, `load_parts`)
 SELECT_SPLITS = tl.constexpr(16)
 P_ABOVE_N = tl.constexpr(0)  # 4 words: the count above each of the pass's thresholds ...
 P_ABOVE_M = tl.constexpr(4)  # ... 4 words: the mass above each (float64)
@@ -161,11 +161,23 @@ def store_part(part, above_n, above_m, lowest, n_finite, m_finite):
 
 
 @triton.jit
-def load_part(part):
-    """`store_part`'s (above_n [4], above_m [4], lowest, n_finite, m_finite)."""
+def load_parts(parts, live):
+    """`store_part`'s words of the live parts ([SELECT_SPLITS] flags) summed over them (lowest: the
+    least): (above_n [4], above_m [4], lowest, n_finite, m_finite). Every part loaded at once (one
+    load latency, not one a part); the sums' order is fixed by the reduction, whichever program
+    stored which part first."""
+    part = parts + tl.arange(0, SELECT_SPLITS) * PART_WORDS
     q = tl.arange(0, 4)
-    return (tl.load(part + P_ABOVE_N + q), tl.load(part + P_ABOVE_M + q).to(tl.float64, bitcast=True),
-            tl.load(part + P_LOWEST), tl.load(part + P_FINITE_N), load_f64(part + P_FINITE_M))
+    above_n = tl.zeros((4,), dtype=tl.int64)
+    above_m = tl.zeros((4,), dtype=tl.float64)
+    for k in tl.static_range(4):  # (threshold k of every part)
+        above_n += tl.where(q == k, tl.sum(tl.load(part + P_ABOVE_N + k, mask=live, other=0), 0), 0)
+        above_m += tl.where(q == k, tl.sum(tl.load(part + P_ABOVE_M + k, mask=live, other=0).to(tl.float64,
+                                                                                                bitcast=True), 0), 0.0)
+    lowest = tl.min(tl.load(part + P_LOWEST, mask=live, other=9223372036854775807), 0)
+    n_finite = tl.sum(tl.load(part + P_FINITE_N, mask=live, other=0), 0)
+    m_finite = tl.sum(tl.load(part + P_FINITE_M, mask=live, other=0).to(tl.float64, bitcast=True), 0)
+    return above_n, above_m, lowest, n_finite, m_finite
 
 
 @triton.jit
