@@ -73,9 +73,9 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
     index = f"{i24}token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, LIST)\n"
     list_round = f"{i16}if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):\n"
     thresholds = f"{i16}_thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)\n"
-    estimate = (f"{i16}t = _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, "
-                f"scale,\n{i16}              (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST, "
-                "KEY_SHIFT)\n")
+    estimate = (f"{i16}t = _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, "
+                f"x_max,\n{i16}              scale, (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, "
+                "LIST, KEY_SHIFT)\n")
     inline_pass = (f"{i20}above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(\n"
                    f"{i20}    row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)\n")
     narrow = f"{i20}_narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)\n"

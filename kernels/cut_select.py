@@ -245,8 +245,8 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 
 
 @triton.jit
-def _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale, rate,
-              LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale,
+              rate, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """The 4 thresholds of a bracket pass, descending, from the region's sample points (pts, in no
     order; n_pts of them): the points `half` and GUARD x `half` places either side of the point
     where the estimated count or mass from the top reaches the goal (the region's ends past the
@@ -255,7 +255,17 @@ def _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal,
     # tokens per point: exact over the region's points, else (the region reaches the row's
     # end, whose finite count no pass has counted yet) the sample's rate V / LIST
     per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
-    codes, nbits, k_min, index_bits, i_max = _codes(pts, KEY_SHIFT)
+    # the points as codes in SPEC.md's order: the key code above the slot (the sample is in index
+    # order: ties by index); int32 for 16-bit dtypes (float16's codes span under 2^19, LIST 2^12 slots:
+    # 31 bits), int64 for float32
+    real = pts != INT64_MIN
+    k = _coarse_key((pts >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    slot_bits = _bit_length(tl.zeros((), dtype=tl.int64) + (LIST - 1))
+    k = k - tl.min(tl.where(real, k, INT64_MAX), 0)
+    codes = tl.where(real, (k << slot_bits) | (LIST - 1 - tl.arange(0, LIST)), -1)
+    if KEY_SHIFT != 0:
+        codes = codes.to(tl.int32)
+    nbits = _bit_length(tl.max(codes, 0).to(tl.int64))
     if by_mass:
         # each point stands for per_point tokens of its weight; the region's mass that misses
         # (heavy tokens between the points) is put at its top, where they are
@@ -263,8 +273,8 @@ def _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal,
         points_mass = tl.sum(e.to(tl.float64), 0)
         carry = m_top + ((m_bot - m_top) - points_mass)
         x = _descend(codes, e, carry, goal, nbits, False, False)
-        j = tl.where(carry + points_mass >= goal, tl.sum((codes > x).to(tl.int64), 0), n_pts)  # (the points
-        # whose sum from the top, themselves included, is still short of the goal)
+        j = tl.where(carry + points_mass >= goal, tl.sum((codes > x.to(codes.dtype)).to(tl.int64), 0), n_pts)  # (the
+        # points whose sum from the top, themselves included, is still short of the goal)
     else:
         i = tl.arange(0, LIST)
         j = tl.sum(((i < n_pts) & (c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point < goal)).to(tl.int64), 0)
@@ -272,13 +282,13 @@ def _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal,
     half = tl.maximum((1.0 / per_point * (FILL * LIST / 2)).to(tl.int64), 1)
     q = tl.arange(0, 4)
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
-    t = tl.where(at < 0, top, bot)
-    for r in tl.static_range(4):  # (the points at those places, by rank)
+    picked = tl.zeros((4,), dtype=tl.int64)
+    for r in range(0, 4):  # (the points at those places, by rank; a loop, not unrolled: registers)
         at_r = tl.sum(tl.where(q == r, at, 0), 0)
         if (at_r >= 0) & (at_r < n_pts):
-            point = _token_of(_descend(codes, codes, 0.0, (at_r + 1).to(tl.float64), nbits, False, True), k_min,
-                              index_bits, i_max, KEY_SHIFT)
-            t = tl.where(q == r, point, t)
+            rank = _descend(codes, codes, 0.0, (at_r + 1).to(tl.float64), nbits, False, True)
+            picked = tl.where(q == r, tl.load(list_ptr + (LIST - 1 - (rank & (LIST - 1)))), picked)
+    t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
     return tl.where((q == 3) & ~exact_bot, bot, t)
 
 
@@ -513,8 +523,8 @@ def _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.cons
             n_pts = tl.sum((pts != INT64_MIN).to(tl.int64), 0)
             split = n_pts < MIN_POINTS
             if not split:
-                t = _estimate(pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max, scale,
-                              (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST, KEY_SHIFT)
+                t = _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, x_max,
+                              scale, (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, LIST, KEY_SHIFT)
                 tl.store(stats_ptr + S_BRACKETS, brackets + 1)
         if split:
             t = _split(top, bot, vocab)
