@@ -363,13 +363,13 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
     smallest index whose inclusive prefix mass (in index order) exceeds t = u * S (S: their
     mass), else the largest of positive weight; by one `_descend` over the indices (no sort)."""
     vals = listed_entries(list_ptr, n, cut - 1, INT64_MAX, LIST)
-    e = weights32(vals, x_max, scale)
+    e = packed_weights(vals, x_max, scale)
     index = (vals & LOW_BITS) ^ LOW_BITS
     i_max = tl.max(tl.where(vals != INT64_MIN, index, -1), 0)
     codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix up
     # to index i_max - x; int32 codes: V <= 2^30)
     last = tl.max(tl.where(e > 0, index, -1), 0)
-    total = tl.sum(e.to(tl.float64), 0)
+    total = tl.sum(e, 0)
     t = u.to(tl.float64) * total
     x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True, False)
     return tl.where(total > t, i_max - x, last)
@@ -402,7 +402,8 @@ def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr, COUNT: tl.conste
     """The largest x in [0, 2^nbits) with base plus the weights w of the entries of code >= x
     reaching the goal (>=; > with STRICT; float64 sums; COUNT: their count, w unread), by binary
     lifting: nbits steps of one block-wide reduction each ([N] int64 or int32 codes, -1 for no entry;
-    [N] float32 w). 0 where no x > 0 reaches it: the caller checks x = 0 (every entry) itself."""
+    [N] float32 or float64 w: float64 where the registers allow, as no step widens them then). 0
+    where no x > 0 reaches it: the caller checks x = 0 (every entry) itself."""
     x = tl.zeros((), dtype=tl.int64)
     for i in range(0, nbits):
         cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
@@ -452,7 +453,7 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     `_descend`, no sort. (The list is read twice: little is live across the descent.)"""
     vals = listed_entries(list_ptr, n, lo, hi, LIST)
     codes, nbits, k_min, index_bits, i_max = _codes(vals, KEY_SHIFT)
-    w = tl.where(by_mass, weights32(vals, x_max, scale), (codes >= 0).to(tl.float32))
+    w = tl.where(by_mass, packed_weights(vals, x_max, scale), (codes >= 0).to(tl.float64))
     base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
     x = _descend(codes, w, base, goal, nbits, False, False)  # (0 where every token is kept: at most the lowest code)
     at = tl.min(tl.where(codes >= x, codes, INT64_MAX), 0)
