@@ -7,7 +7,7 @@ launches that each head makes in this order, the row's stage in its scratch (`S_
 - *begin* (one program takes a few rows in turn): the row enters (`select_begin`), then its
   rounds (`select_rounds`) until one wants a pass;
 - *pass* (SELECT_SPLITS light programs a row, taken in turn by a fixed set of programs): each
-  reads one part of the row (`select_pass_part`); the next launch sums the parts in row order;
+  reads one part of the row (`select_pass_part`); the next launch sums the parts (`_fold_parts`);
 - *rounds* (likewise): the pass folded in, then the rounds until the cut is found, any further
   pass read by this program itself (so the bound below holds within the launches);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
@@ -46,11 +46,12 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 Nothing is sorted: each order statistic a round needs (the cut in a list, the estimate's
 points, step 7's index) is the largest code whose sum from the top reaches a goal, found by
 binary lifting over the tokens' codes (`_codes`: key code, then index, in as few bits as the
-list spans) with one block-wide reduction a bit (`_descend`: ~20-35 steps at V = 151936 in
-bfloat16; a 4096-entry sort cost several times that: benchmarks/RESULTS.md). The search's state
-lives in the row's scratch record between rounds and launches (`scratch`: the region, the goal,
-the list, the cut, the stage), the list is read from scratch where it is used, so little is
-live across a descent, and the launches compile for sm_90 without a stack frame.
+list spans; the sample's points: key code, then slot) with one block-wide reduction a bit
+(`_descend`: ~20-35 steps at V = 151936 in bfloat16; a 4096-entry sort cost several times that:
+benchmarks/RESULTS.md). The search's state lives in the row's scratch record between rounds and
+launches (`scratch`: the region, the goal, the list, the cut, the stage), the list is read from
+scratch where it is used, so little is live across a descent, and the launches compile for
+sm_90 without a stack frame.
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),
