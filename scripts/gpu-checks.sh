@@ -32,6 +32,8 @@
 #                                   --quick, --variants; $OUT/OCCUPANCY.md)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes, max_seq_len
 #                                   2k-32k, against its floor and the models' reference ($OUT/ATTENTION.md)
+#   scripts/gpu-checks.sh chain 570 kernels "bench --kinds --quick" phases   stages in turn within one call's
+#                                   seconds (each bounded by the time left; one that does not fit is named)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
 #                                   power-law and peaked rows, bf16 and fp32, top-p 0.9 / 0.99, top-k 1000
 #                                   ($OUT/SAMPLE_SELECT.md)
@@ -205,5 +207,20 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2; exit 2 ;;
+chain)
+  # stages one after the other within one device call: chain SECONDS "stage [options]" ...; each stage
+  # bounded by the seconds left, a stage skipped (and named) when fewer than 30 are left
+  budget=${2:?chain: give the seconds, then the stages}
+  start=$(date +%s)
+  for st in "${@:3}"; do
+    left=$(( budget - ($(date +%s) - start) ))
+    if (( left < 30 )); then echo "== $st: skipped ($left s left)"; continue; fi
+    echo "== $st ($left s left)"
+    # shellcheck disable=SC2086  # (a stage and its options: words)
+    timeout "$left" bash "${BASH_SOURCE[0]}" $st 2>&1 | tail -80
+  done
+  echo "== chain done in $(( $(date +%s) - start )) s"
+  ;;
+*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2
+   echo "       scripts/gpu-checks.sh chain SECONDS \"stage [options]\" ...   (stages in turn within SECONDS)" >&2; exit 2 ;;
 esac
