@@ -635,16 +635,20 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
         index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)  # (V <= 2^30)
         # the parts whose prefix (the parts up to them) is at most t, a run from part 0: their
         # number m by binary lifting, one sum over the list a step; the pass starts at part m
+        # (before: the prefix of the first m parts, kept with m)
         n_live = tl.sum(live.to(tl.int32), 0)
         m = tl.zeros((), dtype=tl.int32)
+        before = tl.zeros((), dtype=tl.float64)
         for i in range(0, SPLIT_BITS + 1):
             step = m + (tl.full((), SELECT_SPLITS, tl.int32) >> i)  # (16, 8, 4, 2, 1)
-            listed = tl.sum(tl.where(index < step * chunk, e, 0.0).to(tl.float64), 0)
-            m = tl.where((step <= n_live) & (tl.sum(tl.where(c == step - 1, above, 0.0), 0) + listed <= t), step, m)
+            upto = (tl.sum(tl.where(c == step - 1, above, 0.0), 0)
+                    + tl.sum(tl.where(index < step * chunk, e, 0.0).to(tl.float64), 0))
+            fits = (step <= n_live) & (upto <= t)
+            m = tl.where(fits, step, m)
+            before = tl.where(fits, upto, before)
         if m < n_live:
             lo = m.to(tl.int64) * chunk
-            prefix = (tl.sum(tl.where(c == m - 1, above, 0.0), 0)
-                      + tl.sum(tl.where(index < m * chunk, e, 0.0).to(tl.float64), 0))
+            prefix = before
     tl.store(stats_ptr + S_SEARCH_LO, lo)
     tl.store(stats_ptr + S_SEARCH_PREFIX, f64_word(prefix))
 
