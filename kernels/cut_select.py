@@ -128,6 +128,12 @@ def _store_sample(row_ptr, vocab, list_ptr, N: tl.constexpr):
 
 
 @triton.jit
+def packed_index(p):
+    """The vocabulary index of packed tokens (`sampling_rule.pack`'s low 32 bits, 0xFFFFFFFF - index)."""
+    return (p & LOW_BITS) ^ LOW_BITS
+
+
+@triton.jit
 def weights32(p, x_max, scale):
     """float32 weights of packed tokens (0 for INT64_MIN); scale: `common.weight_scale`."""
     e = scaled_weight(key_value((p >> 32).to(tl.int32)), x_max, scale)
@@ -365,7 +371,7 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
     mass), else the largest of positive weight; by one `_descend` over the indices (no sort)."""
     vals = listed_entries(list_ptr, n, cut - 1, INT64_MAX, LIST)
     e = packed_weights(vals, x_max, scale)
-    index = (vals & LOW_BITS) ^ LOW_BITS
+    index = packed_index(vals)
     i_max = tl.max(tl.where(vals != INT64_MIN, index, -1), 0)
     codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix up
     # to index i_max - x; int32 codes: V <= 2^30)
@@ -428,7 +434,7 @@ def _codes(vals, KEY_SHIFT: tl.constexpr):
     index, which `_token_of` inverts them by)."""
     real = vals != INT64_MIN
     k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
-    index = (vals & LOW_BITS) ^ LOW_BITS
+    index = packed_index(vals)
     k_min = tl.min(tl.where(real, k, INT64_MAX), 0)
     i_max = tl.max(tl.where(real, index, -1), 0)
     index_bits = _bit_length(i_max - tl.min(tl.where(real, index, INT64_MAX), 0))
@@ -632,7 +638,7 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
         vals = listed_entries(list_ptr, tl.load(stats_ptr + S_LIST_N), cut - 1, INT64_MAX, LIST)  # (the split
         # pass's list: (t2, t1] only; its kept tokens)
         e = weights32(vals, x_max, scale)
-        index = ((vals & LOW_BITS) ^ LOW_BITS).to(tl.int32)  # (V <= 2^30)
+        index = packed_index(vals).to(tl.int32)  # (V <= 2^30)
         # the parts whose prefix (the parts up to them) is at most t, a run from part 0: their
         # number m by binary lifting, one sum over the list a step; the pass starts at part m
         # (before: the prefix of the first m parts, kept with m)
