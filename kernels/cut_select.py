@@ -266,9 +266,8 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     # order: ties by index); int32 for 16-bit dtypes (float16's codes span under 2^19, LIST 2^12 slots:
     # 31 bits), int64 for float32
     real = pts != INT64_MIN
-    k = _coarse_key((pts >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    k = _key_codes(pts, KEY_SHIFT)[0]
     slot_bits = _bit_length(tl.zeros((), dtype=tl.int64) + (LIST - 1))
-    k = k - tl.min(tl.where(real, k, INT64_MAX), 0)
     codes = tl.where(real, (k << slot_bits) | (LIST - 1 - tl.arange(0, LIST)), -1)
     if KEY_SHIFT != 0:
         codes = codes.to(tl.int32)
@@ -427,18 +426,26 @@ def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr, COUNT: tl.conste
 
 
 @triton.jit
+def _key_codes(vals, KEY_SHIFT: tl.constexpr):
+    """Packed tokens' `_coarse_key` codes less the lowest (int64; for INT64_MIN slots: any value),
+    and the lowest: the key part of `_codes` and of `_estimate`'s codes."""
+    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    k_min = tl.min(tl.where(vals != INT64_MIN, k, INT64_MAX), 0)
+    return k - k_min, k_min
+
+
+@triton.jit
 def _codes(vals, KEY_SHIFT: tl.constexpr):
     """Packed tokens ([N], INT64_MIN: none) as int64 codes in SPEC.md's order, in as few bits as
     they span: (key code - the lowest, `_coarse_key`) above (the highest index - index); -1 for
     none. Returns (codes, their bits, and the lowest key code, the index bits and the highest
     index, which `_token_of` inverts them by)."""
     real = vals != INT64_MIN
-    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    k, k_min = _key_codes(vals, KEY_SHIFT)
     index = packed_index(vals)
-    k_min = tl.min(tl.where(real, k, INT64_MAX), 0)
     i_max = tl.max(tl.where(real, index, -1), 0)
     index_bits = _bit_length(i_max - tl.min(tl.where(real, index, INT64_MAX), 0))
-    codes = tl.where(real, ((k - k_min) << index_bits) | (i_max - index), -1)
+    codes = tl.where(real, (k << index_bits) | (i_max - index), -1)
     return codes, _bit_length(tl.max(codes, 0)), k_min, index_bits, i_max
 
 
