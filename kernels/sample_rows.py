@@ -171,7 +171,7 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
             light = stage in (SELECT_PASS, SELECT_SEARCH)
             wrap_triton(sample_select_kernel)[grid](
                 logits, logits.stride(0), position, temperature, top_k, top_p, seed, out, work, vocab, select_chunk,
-                n, BUF=heavy.buf, WORK=width, STAGE=stage, INLINE=inline, LANES=select_lanes,
+                n, BUF=heavy.buf, WORK=width, STAGE=stage.value, INLINE=inline, LANES=select_lanes,
                 num_warps=SELECT_WARPS if light else heavy.warps)
 
         select(SELECT_PASS)

@@ -317,7 +317,7 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                 light = stage in (SELECT_PASS, SELECT_SEARCH)
                 wrap_triton(verify_filtered_kernel)[grid](
                     logits, logits.stride(0), start_position, temperature, top_k, top_p, seed, work, vocab,
-                    select_chunk, num_rows, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage,
+                    select_chunk, num_rows, BLOCK=heavy.block, BUF=heavy.buf, WORK=width, STAGE=stage.value,
                     INLINE=inline, LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
 
             select(SELECT_BEGIN)

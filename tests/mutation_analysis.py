@@ -47,6 +47,7 @@ def written(kernel, kwargs):
     return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {}))  # torch 2.11
 
 
+PLAIN = (torch.Tensor, bool, int, float, str, type(None))  # launch arguments whose repr is Python that runs
 WRITES = ("tt.store", "tt.atomic_cas", "tt.atomic_rmw")
 
 
@@ -157,7 +158,11 @@ def main():
                 explain(functions, top, names.index(arg), memo)
         return
     result = [[kernel.fn.__name__, written(kernel, kwargs)] for kernel, kwargs in launches]
-    print(json.dumps({"fallbacks": fallbacks.count, "launches": result}))
+    # Inductor writes each constant argument's repr into generated Python: a `tl.constexpr` object's
+    # ("constexpr[2]") does not run there (every CUDA export of the sampling heads failed, session 54)
+    odd = sorted({f"{kernel.fn.__name__}.{name}: {value!r}" for kernel, kwargs in launches
+                  for name, value in kwargs.items() if not isinstance(value, PLAIN)})
+    print(json.dumps({"fallbacks": fallbacks.count, "launches": result, "odd_arguments": odd}))
 
 
 if __name__ == "__main__":
