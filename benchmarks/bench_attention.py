@@ -8,8 +8,10 @@ must stay flat in it), and ones drawn from [128, max_seq_len].
 
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
 cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
-bandwidth measured in the same run) and the ratio to it, and the models' reference (gather
-of every row's whole slot + masked SDPA) where its gather fits in memory.
+bandwidth measured in the same run) and the ratio to it; the same op with every run whole
+(one program a run and KV head: `SPLIT_CELLS` out of reach) against the same floor; the op's
+largest error on two owners against float64; and the models' reference (gather of every
+row's whole slot + masked SDPA) where its gather fits in memory.
 
     python benchmarks/bench_attention.py [--owners 64 --rows 16 --heads 16 --kv-heads 8
         --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--out attention.md]
@@ -40,6 +42,28 @@ def step_case(g, owners, rows, heads, kv_heads, dim, cells, lengths, dtype, devi
     slot = torch.arange(owners, device=device).repeat_interleave(rows)
     position = (lengths.to(device)[:, None] - rows + torch.arange(rows, device=device)[None, :]).reshape(-1)
     return q, k, v, slot, torch.zeros_like(position), position + 1
+
+
+def check_owners(case, lengths, rows) -> float:
+    """The op's largest error, relative to the largest output, on the shortest and the longest
+    owner's rows against float64 attention over their cells (the reference's gather does not
+    fit at long max_seq_len); fails past bfloat16's bound (8 x its eps)."""
+    q, k, v, slot, lo, hi = case
+    out = torch.ops.dflash.cached_attention(*case).double()
+    worst = 0.0
+    for o in {int(lengths.argmin()), int(lengths.argmax())}:
+        at = slice(o * rows, (o + 1) * rows)
+        n = int(lengths[o])
+        group = q.shape[1] // k.shape[2]
+        kk = k[o, :n].double().repeat_interleave(group, dim=1)  # [n, H, D]
+        vv = v[o, :n].double().repeat_interleave(group, dim=1)
+        s = torch.einsum("rhd,nhd->rhn", q[at].double(), kk) * q.shape[2] ** -0.5
+        cell = torch.arange(n, device=q.device)
+        s = s.masked_fill(~((cell >= lo[at, None]) & (cell < hi[at, None]))[:, None, :], float("-inf"))
+        want = torch.einsum("rhn,nhd->rhd", torch.softmax(s, dim=-1), vv).reshape(rows, -1)
+        worst = max(worst, float((out[at] - want).abs().max() / want.abs().max()))
+    assert worst <= 8 * torch.finfo(torch.bfloat16).eps, f"cached_attention differs from float64 by {worst:.2e}"
+    return worst
 
 
 def main(argv=None) -> int:
@@ -74,8 +98,9 @@ def main(argv=None) -> int:
                   f"python {platform.python_version()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s",
                   f"{args.owners} owners x {args.rows} rows, {args.heads} heads / {args.kv_heads} KV heads x "
                   f"{args.head_dim}, {args.dtype}", "",
-                  "| lengths | max_seq_len | sum L_o | op us | floor us | x floor | reference us | x op |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| lengths | max_seq_len | pieces a run at most | sum L_o | op us | floor us | x floor | "
+                  "runs whole us | x floor | max error | reference us | x op |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     g = torch.Generator(device=device).manual_seed(0)
     short = max(args.rows, 128 if not args.smoke else 8)
     fixed = torch.randint(short, 2048 if not args.smoke else 40, (args.owners,), generator=g, device=device)
@@ -89,17 +114,23 @@ def main(argv=None) -> int:
             gathered = 2 * args.owners * args.rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
                 torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
-                print(f"smoke {series} max_seq_len {cells}: the op matches the reference")
+                err = check_owners(case, lengths, args.rows)
+                print(f"smoke {series} max_seq_len {cells}: the op matches the reference (float64: {err:.1e})")
                 continue
             from triton.testing import do_bench
 
+            err = check_owners(case, lengths, args.rows)
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+            split_cells, ca.SPLIT_CELLS = ca.SPLIT_CELLS, 1 << 40  # every run whole, one program a run and KV head
+            whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+            ca.SPLIT_CELLS = split_cells
             floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
                       if gathered <= REFERENCE_BYTES else None)
             ref = f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None else "- (gather too large) | -"
-            lines.append(f"| {series} | {cells} | {int(lengths.sum())} | {op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | "
-                         f"{op_ms / floor_ms:.2f} | {ref} |")
+            lines.append(f"| {series} | {cells} | {ca.splits_for(cells)} | {int(lengths.sum())} | {op_ms * 1e3:.1f} | "
+                         f"{floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {whole_ms * 1e3:.1f} | "
+                         f"{whole_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
             del case
             torch.cuda.empty_cache()
     text = "\n".join(lines)

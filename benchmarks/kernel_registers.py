@@ -30,7 +30,9 @@ from dflash_et.kernels.launch import (SELECT_WARPS, decide_config, filtered_rows
 from dflash_et.kernels.scratch import scratch_width
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALIGNED = ("stride", "vocab", "chunk", "select_chunk")
+# integer arguments divisible by 16 (as Triton's JIT and AOTInductor mark them at the heads' and attention's
+# sizes: the attention's strides, so that its K / V loads are 16-byte async copies)
+ALIGNED = ("stride", "vocab", "chunk", "select_chunk", "q_row", "q_head", "c_slot", "c_cell", "c_head")
 FLOAT_PARAMS = ("temperature_ptr", "top_p_ptr")
 ASM_DIR = None  # --asm
 ONLY = ""  # --only
@@ -201,15 +203,23 @@ def main(argv=None) -> int:
             ok &= compile_one(
                 f"sample_select {logits} {stage_label(stage, inline)}", sample_rows.sample_select_kernel, logits,
                 dict(BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes), warps or heavy.warps)
-        # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head)
+        # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head), whole runs
+        # (a 256-cell slot) and runs in pieces (32k cells: 16 pieces, then their combine)
         for heads in (16, 32):
-            meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
-                                                       heads, 8, 128)
-            ok &= compile_one(
-                f"cached_attention {logits} G={meta['GROUPS']}", cached_attention.cached_attention_kernel, logits,
-                meta, warps, types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
-                                    "scale": "fp64",  # as AOTInductor passes a Python float
-                                    **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
+            for cells in (256, 32768):
+                meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
+                                                           heads, 8, 128, cells)
+                ok &= compile_one(
+                    f"cached_attention {logits} G={meta['GROUPS']} splits={meta['SPLITS']}",
+                    cached_attention.cached_attention_kernel, logits, meta, warps,
+                    types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
+                           **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
+                           "scale": "fp64",  # as AOTInductor passes a Python float
+                           **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
+            combine = {k: meta[k] for k in ("GROUPS", "BLOCK_G", "HEAD_DIM", "BLOCK_D", "SPLITS")}
+            ok &= compile_one(f"cached_attention combine {logits} G={meta['GROUPS']}", cached_attention.combine_kernel,
+                              logits, combine, cached_attention.COMBINE_WARPS,
+                              types={"out_ptr": logits, **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")}})
         # issue #27's recurrence at Qwen3.5's shapes (dk = dv = 128, K = 4; the model dtype follows the logits')
         model = logits if logits == "*fp32" else "*bf16"
         ok &= compile_one(

@@ -45,6 +45,9 @@ MAX_HEAD_DIM = 256
 BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: lengths around it cover the block edges)
 MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
+SPLIT_CELLS = 1024  # cells a piece of a run at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
+MAX_SPLITS = 16  # pieces a run at most (the partials of 1024 rows x 16 heads x 128: 134 MB of float32)
+COMBINE_WARPS = 2
 
 
 def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -57,37 +60,49 @@ def reference(q, k_cache, v_cache, slot, lo, hi):  # [R, H, D], [S, T, KV, D] x2
     return layers.CachedAttention()(q, k_cache, v_cache, slot, lo, hi)
 
 
-def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> tuple[dict, int]:
-    """The kernel's constexprs and warps for one head layout (the launcher and the sm_90
-    compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G >= 16
-    query vectors: `tl.dot`'s smallest operand."""
+def splits_for(cells: int) -> int:
+    """Pieces a run's cells are cut into at most, for caches of `cells` cells a slot: one a
+    SPLIT_CELLS, at most MAX_SPLITS (a power of two: the combine's tile)."""
+    return min(MAX_SPLITS, triton.next_power_of_2(max(1, cells // SPLIT_CELLS)))
+
+
+def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int) -> tuple[dict, int]:
+    """The kernel's constexprs and warps for one head layout and slot size (the launcher and the
+    sm_90 compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G
+    >= 16 query vectors: `tl.dot`'s smallest operand."""
     groups = heads // kv_heads
     block_g = triton.next_power_of_2(groups)
     block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
     return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
+                SPLITS=splits_for(cells), SPLIT_CELLS=SPLIT_CELLS,
                 PRECISION="ieee" if dtype == torch.float32 else "tf32"), 4
 
 
 @triton.jit
-def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, rows, cells, scale,
-                            q_row, q_head, c_slot, c_cell, c_head,
+def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, rows,
+                            cells, scale, q_row, q_head, c_slot, c_cell, c_head,
                             GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            PRECISION: tl.constexpr):
-    first = tl.program_id(0).to(tl.int64)
+                            SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (tile, kv, split): piece `split` of the cells of each run of rows of one slot in
+    the tile's BLOCK_R rows, for KV head kv. SPLITS 1: the output; else the piece's partial
+    softmax (m, l, acc) for `combine_kernel`."""
+    tile = tl.program_id(0).to(tl.int64) * BLOCK_R
     kv = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = GROUPS * tl.num_programs(1)
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
-    slot = tl.load(slot_ptr + first)
-    above = tl.load(slot_ptr + tl.maximum(first - 1, 0))
-    if (first % BLOCK_R == 0) | (above != slot):  # else the run above reads this row's cells
-        # the run: rows first .. stop - 1, of this slot and this tile of BLOCK_R rows
-        r = first + tl.arange(0, BLOCK_R)
-        in_tile = (r < rows) & (r < (first // BLOCK_R + 1) * BLOCK_R)
-        same = in_tile & (tl.load(slot_ptr + r, mask=in_tile, other=-1) == slot)
-        stop = tl.min(tl.where(same, rows + BLOCK_R, r))  # the first row that is not in the run
+    r = tile + tl.arange(0, BLOCK_R)
+    slots = tl.load(slot_ptr + r, mask=r < rows, other=-1)
+    end = tl.minimum(tile + BLOCK_R, rows)
+    d = tl.arange(0, BLOCK_D)
+    first = tile
+    while first < end:  # the runs of the tile: rows first .. stop - 1 of one slot
+        slot = tl.sum(tl.where(r == first, slots, 0))
+        stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
         # query vector i: row first + i // BLOCK_G, query head kv * GROUPS + i % BLOCK_G
         i = tl.arange(0, BLOCK_R * BLOCK_G)
         row = first + i // BLOCK_G
@@ -97,7 +112,12 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
         start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
         end_at = tl.max(hi)
-        d = tl.arange(0, BLOCK_D)
+        # this program's piece of it: `used` pieces of whole blocks, at least SPLIT_CELLS cells each
+        span_all = tl.maximum(end_at - start_at, 0)
+        used = tl.minimum(tl.maximum(tl.cdiv(span_all, SPLIT_CELLS), 1), SPLITS)
+        span = tl.cdiv(tl.cdiv(span_all, used), BLOCK_N) * BLOCK_N
+        begin = start_at + split * span
+        finish = tl.minimum(end_at, begin + span)
         q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
         q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(q_ptr + q_at, mask=q_mask, other=0.0).to(tl.float32)
@@ -105,14 +125,14 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         m = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_R * BLOCK_G, BLOCK_D], tl.float32)
-        for start in range(start_at, end_at, BLOCK_N):
+        for start in range(begin, finish, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
-            kv_mask = (n < end_at)[:, None] & (d < HEAD_DIM)[None, :]  # past end_at: zeros (no NaN from any cell)
+            kv_mask = (n < finish)[:, None] & (d < HEAD_DIM)[None, :]  # past the piece: zeros (no NaN from any cell)
             k = tl.load(k_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
             v = tl.load(v_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None])
+            sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None]) & (n < finish)[None, :]
             s = tl.where(sees, s * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a query that has seen nothing yet
@@ -121,9 +141,41 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
             total = total * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
             m = m_new
-        out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
-        # out is [R, H * D]: a row's heads side by side, as q's are
-        tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        if SPLITS == 1:
+            out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
+            # out is [R, H * D]: a row's heads side by side, as q's are
+            tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        else:  # partial [rows, H, SPLITS] (acc: x HEAD_DIM); acc only where the piece saw a cell
+            part = (row * num_heads + heads) * SPLITS + split
+            tl.store(m_ptr + part, m, mask=live)
+            tl.store(l_ptr + part, total, mask=live)
+            tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & (total > 0)[:, None])
+        first = stop
+
+
+@triton.jit
+def combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (row, kv): the row's query heads of KV head kv from their SPLITS partials, each
+    weighted by exp(its max - the largest); a head no piece saw a cell for gets zeros."""
+    row = tl.program_id(0).to(tl.int64)
+    num_heads = GROUPS * tl.num_programs(1)
+    g = tl.arange(0, BLOCK_G)
+    heads = tl.program_id(1) * GROUPS + g
+    live = g < GROUPS
+    part = (row * num_heads + heads)[:, None] * SPLITS + tl.arange(0, SPLITS)[None, :]
+    m = tl.load(m_ptr + part, mask=live[:, None], other=float("-inf"))
+    total = tl.load(l_ptr + part, mask=live[:, None], other=0.0)
+    top = tl.max(m, axis=1)
+    w = tl.where(total > 0, tl.exp(m - tl.where(top == float("-inf"), 0.0, top)[:, None]), 0.0)
+    d = tl.arange(0, BLOCK_D)
+    seen = (total > 0)[:, :, None] & (d < HEAD_DIM)[None, None, :]
+    acc = tl.load(acc_ptr + part[:, :, None] * HEAD_DIM + d[None, None, :], mask=seen, other=0.0)
+    weight = tl.sum(w * total, axis=1)
+    out = tl.sum(w[:, :, None] * acc, axis=1)
+    out = tl.where(weight[:, None] > 0, out / tl.maximum(weight, 1e-30)[:, None], 0.0)
+    at = row * num_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + d[None, :]
+    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=live[:, None] & (d < HEAD_DIM)[None, :])
 
 
 def _check(q, k_cache, v_cache, slot, lo, hi) -> None:
@@ -171,11 +223,19 @@ def cached_attention(
     out = q.new_empty((rows, heads * dim))
     if rows == 0:
         return out
-    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim)
-    wrap_triton(cached_attention_kernel)[(rows, kv_heads)](
-        q, k_cache, v_cache, slot, lo, hi, out, rows, k_cache.shape[1], dim ** -0.5,
+    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1])
+    splits = meta["SPLITS"]
+    parts = (rows, heads, splits)  # the pieces' partials (SPLITS 1: none; the output is written at once)
+    m, total = (torch.empty(parts if splits > 1 else 0, dtype=torch.float32, device=q.device) for _ in range(2))
+    acc = torch.empty((*parts, dim) if splits > 1 else 0, dtype=torch.float32, device=q.device)
+    wrap_triton(cached_attention_kernel)[(triton.cdiv(rows, meta["BLOCK_R"]), kv_heads, splits)](
+        q, k_cache, v_cache, slot, lo, hi, out, m, total, acc, rows, k_cache.shape[1], dim ** -0.5,
         heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), **meta, num_warps=warps,
     )
+    if splits > 1:
+        wrap_triton(combine_kernel)[(rows, kv_heads)](
+            m, total, acc, out, GROUPS=meta["GROUPS"], BLOCK_G=meta["BLOCK_G"], HEAD_DIM=dim,
+            BLOCK_D=meta["BLOCK_D"], SPLITS=splits, num_warps=COMBINE_WARPS)
     return out
 
 

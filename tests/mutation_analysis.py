@@ -139,10 +139,11 @@ def main():
     verify.launch(*[inp[k] for k in cases.VERIFY_INPUTS])
     verify.launch(*[inp[k] for k in cases.VERIFY_INPUTS], greedy=True)
     sample_rows.launch(**cases.sample_case(g, 1000, 4, torch.bfloat16))
-    cache = torch.zeros(2, 32, 2, 16, dtype=torch.bfloat16)
     rows = torch.zeros(3, dtype=torch.int64)
-    cached_attention.cached_attention(torch.zeros(3, 4, 16, dtype=torch.bfloat16), cache, cache.clone(), rows, rows,
-                                      rows + 5)
+    for cells in (32, 2 * cached_attention.SPLIT_CELLS):  # whole runs; runs in pieces, then their combine
+        cache = torch.zeros(2, cells, 2, 16, dtype=torch.bfloat16)
+        cached_attention.cached_attention(torch.zeros(3, 4, 16, dtype=torch.bfloat16), cache, cache.clone(), rows,
+                                          rows, rows + 5)
     windows, states = torch.zeros(3, 3, 4 * 8 + 2 * 8, dtype=torch.bfloat16), torch.zeros(3, 2, 8, 8)
     mixed, ab = torch.zeros(5, windows.shape[2], dtype=torch.bfloat16), torch.zeros(5, 2, dtype=torch.bfloat16)
     delta_rows.delta_rows(torch.zeros(5, dtype=torch.int64), mixed, ab, ab.clone(),

@@ -1,7 +1,9 @@
 """`dflash::cached_attention` (kernels/cached_attention.py) against its reference, the models'
 gather + masked SDPA, under the Triton interpreter: intervals of every odd length (0, 1, the
 block edges, a whole slot), GQA, float32 to rounding and bfloat16 within its error bound
-against float64; the target's own attention; bad input named."""
+against float64; the target's own attention; bad input named. Each case runs whole (one piece
+a run, as at test sizes) and with runs cut into pieces of a few cells (`split`: the pieces'
+partials, empty ones among them, merged by `combine_kernel`, as at long `max_seq_len`)."""
 
 import pytest
 import torch
@@ -9,10 +11,22 @@ import torch
 from dflash_et.kernels import cached_attention as ca
 from dflash_et.export.models import layers
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "split")
 
 N = ca.BLOCK_N
 SLOTS, CELLS, HEADS, KV, DIM = 3, 2 * N + 8, 4, 2, 16
+
+
+@pytest.fixture(params=[None, 8, 32], ids=["whole", "pieces-8", "pieces-32"])
+def split(request, monkeypatch):
+    """None: the launcher's own pieces (one a run at CELLS); else pieces of at least that many
+    cells (so up to 16, most of them past a short run's cells)."""
+    if request.param is not None:
+        monkeypatch.setattr(ca, "SPLIT_CELLS", request.param)
+        assert ca.splits_for(CELLS) > 1
+    else:
+        assert ca.splits_for(CELLS) == 1
+    return request.param
 
 
 def _case(dtype, seed=0):
@@ -75,7 +89,7 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     program's BLOCK_R rows, a slot met again further down, a lone row), each row causal on its
     own position, a few windowed. One program reads a run's cells for all its rows; every
     row still sees only its own interval."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
     runs = [(0, 5), (1, block), (2, block + 3), (0, 2), (1, 1), (2, 2 * block + 1), (0, 3)]
     slot = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, n in runs])
     rows = slot.shape[0]
