@@ -13,14 +13,21 @@ intervals: work and memory traffic follow the cells the owners hold. The drafter
 rows (context + block, causal or not, windowed or not) also see one interval each, once
 the block's K/V are in the cache (`export/models/dflash.py`).
 
-Kernel: one program per (row, KV head); a program whose row continues the run of rows of one
-slot above it (in the same tile of BLOCK_R rows) returns at once. The others each lead a run of
-up to BLOCK_R rows of one slot (a DFlash block's rows, a prompt chunk's), so an owner's cells
-are read once per block of its rows, not once per row. Its rows x G query heads (at most
-QUERIES query vectors: one `tl.dot` operand) stream the union of the rows' intervals in
-blocks of BLOCK_N cells, each query masked to its own row's [lo, hi), with an online softmax
-(running max and sum, rescaled accumulator). Rows in any order stay correct: a run ends
-where the slot changes, at worst one row per program.
+Kernel: one program per (tile of BLOCK_R rows, KV head, piece). The tile's rows fall into
+runs of rows of one slot (a DFlash block's rows, a prompt chunk's; at worst one row a run),
+taken in turn, so an owner's cells are read once per tile of its rows, not once per row. A
+run's rows x G query heads (at most QUERIES query vectors: one `tl.dot` operand) stream the
+union of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own row's
+[lo, hi), with an online softmax (running max and sum, rescaled accumulator).
+
+Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, a run's union is cut into up to SPLITS
+(`splits_for`) pieces of whole blocks, at least SPLIT_CELLS cells each, one a program; each
+stores its partial softmax (max, sum, unnormalised accumulator: float32, [R, H, SPLITS]) and
+`combine_kernel` merges them per row, weighting each by exp(its max - the largest). Why: one
+program a run made the longest owner's cells one program's work, so at mixed lengths most of
+the GPU idled at the end (1.63x the floor on the H100 at lengths up to 32k, against 1.14x in
+pieces: benchmarks/RESULTS.md). A piece past every run of its tile stores empty partials
+without reading a cell.
 
 Everything is computed in float32: float32 caches multiply in IEEE float32; bfloat16 /
 float16 values are exact in TF32, so their products q k^T are exact and only the
@@ -46,7 +53,7 @@ BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: length
 MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
 SPLIT_CELLS = 1024  # cells a piece of a run at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
-MAX_SPLITS = 16  # pieces a run at most (the partials of 1024 rows x 16 heads x 128: 134 MB of float32)
+MAX_SPLITS = 8  # pieces a run at most (the partials of 1024 rows x 16 heads x 128: 67 MB of float32)
 COMBINE_WARPS = 2
 
 
@@ -99,12 +106,26 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     slots = tl.load(slot_ptr + r, mask=r < rows, other=-1)
     end = tl.minimum(tile + BLOCK_R, rows)
     d = tl.arange(0, BLOCK_D)
+    i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, query head kv * GROUPS + i % BLOCK_G
     first = tile
+    if SPLITS > 1:
+        # the cells any run of the tile sees lie in [lowest lo, highest hi) of its rows: a piece past them
+        # (most of them, at long max_seq_len and short runs) leaves its partials empty at once
+        tile_lo = tl.maximum(tl.load(lo_ptr + r, mask=r < end, other=0), 0)
+        tile_hi = tl.minimum(tl.load(hi_ptr + r, mask=r < end, other=0), cells)
+        seen = tile_hi > tile_lo
+        tile_span = tl.max(tl.where(seen, tile_hi, 0)) - tl.min(tl.where(seen, tile_lo, cells))
+        if split >= tl.maximum(tl.cdiv(tile_span, SPLIT_CELLS), 1):
+            row = tile + i // BLOCK_G
+            heads = kv * GROUPS + i % BLOCK_G
+            part = (row * num_heads + heads) * SPLITS + split
+            live = (row < end) & (i % BLOCK_G < GROUPS)
+            tl.store(m_ptr + part, tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32), mask=live)
+            tl.store(l_ptr + part, tl.zeros([BLOCK_R * BLOCK_G], tl.float32), mask=live)
+            first = end  # (no run left to read)
     while first < end:  # the runs of the tile: rows first .. stop - 1 of one slot
         slot = tl.sum(tl.where(r == first, slots, 0))
         stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
-        # query vector i: row first + i // BLOCK_G, query head kv * GROUPS + i % BLOCK_G
-        i = tl.arange(0, BLOCK_R * BLOCK_G)
         row = first + i // BLOCK_G
         heads = kv * GROUPS + i % BLOCK_G
         live = (row < stop) & (i % BLOCK_G < GROUPS)
@@ -120,7 +141,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         finish = tl.minimum(end_at, begin + span)
         q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
         q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
-        q = tl.load(q_ptr + q_at, mask=q_mask, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0).to(tl.float32)
         base = slot * c_slot + kv * c_head
         m = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
