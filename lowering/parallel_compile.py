@@ -205,7 +205,7 @@ class Workers:
     """The running workers of one lowering; `take` is the replaced `preprocess`'s lookup."""
 
     def __init__(self, workdir: Path, methods: list[str], jobs: int, say):
-        self.workdir, self.say = workdir, say
+        self.workdir, self.say, self.jobs = workdir, say, jobs
         self._procs: dict[str, subprocess.Popen] = {}
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -238,8 +238,13 @@ class Workers:
             if self._stopped.is_set():
                 return {}
             tail = log.read_text(errors="replace")[-LOG_TAIL:]
+            hint = ""
+            if "CUDA out of memory" in tail:  # (seen: the 8k program's compiles, 5 side by side, on an 80 GB H100)
+                hint = (f"\nThe GPU ran out of memory with {self.jobs} compiles side by side (each holds its method's "
+                        f"weights and caches on the GPU): export with fewer, e.g. --jobs {max(1, self.jobs // 2)} "
+                        "(--jobs 1: one after the other), or with lowering.zero_constants for large caches.")
             raise LoweringError(f"compiling {method} in a worker process failed (exit {code}); the end of its "
-                                f"log ({log}):\n{tail}")
+                                f"log ({log}):\n{tail}{hint}")
         with open(self.workdir / f"{method}.result", "rb") as f:
             found = pickle.load(f)
         for seconds in found["seconds"]:

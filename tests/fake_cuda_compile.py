@@ -57,6 +57,11 @@ def broken(method, **options):
     raise RuntimeError(f"the producer of {method} broke on purpose")
 
 
+def out_of_memory(method, **options):
+    """A producer that fails in the worker as a compile that ran the GPU out of memory does."""
+    raise RuntimeError(f"CUDA out of memory. Tried to allocate 1.02 GiB ({method})")
+
+
 def drafter_perturbed(programs, **options):
     """A recipe that lowers draft_forward with other weights than the main process has (one
     value changed), target_verify as it is."""

@@ -114,6 +114,12 @@ def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
         _lower(traced, producer="fake_cuda_compile:broken", jobs=1)
 
 
+def test_a_worker_out_of_gpu_memory_names_the_fix(traced, fake_aoti):
+    with pytest.raises(LoweringError, match=r"CUDA out of memory(.|\n)*The GPU ran out of memory with 2 compiles "
+                                            r"side by side(.|\n)*--jobs 1 \(--jobs 1: one after the other\)"):
+        _lower(traced, producer="fake_cuda_compile:out_of_memory", jobs=2)
+
+
 def test_differences_name_the_parts_and_a_graphs_first_differing_line():
     from dflash_et.lowering.parallel_compile import Compiled, differences
 
