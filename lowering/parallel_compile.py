@@ -242,7 +242,7 @@ class Workers:
             if "CUDA out of memory" in tail:  # (seen: the 8k program's compiles, 5 side by side, on an 80 GB H100)
                 hint = (f"\nThe GPU ran out of memory with {self.jobs} compiles side by side (each holds its method's "
                         f"weights and caches on the GPU): export with fewer, e.g. --jobs {max(1, self.jobs // 2)} "
-                        "(--jobs 1: one after the other), or with lowering.zero_constants for large caches.")
+                        "(--jobs 1: one after the other).")
             raise LoweringError(f"compiling {method} in a worker process failed (exit {code}); the end of its "
                                 f"log ({log}):\n{tail}{hint}")
         with open(self.workdir / f"{method}.result", "rb") as f:
