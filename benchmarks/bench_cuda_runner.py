@@ -5,11 +5,14 @@ for `owners` owners, speculative and target-only, and the loop's tokens per seco
     python benchmarks/bench_cuda_runner.py --runner RUNNER --config qwen3-smoke-sampling-cuda \
         --output-dir /tmp/q --out q.md
     (long contexts: --config qwen3-smoke-8k-sampling-cuda --prompt 128 --prompt-max 8000
-     --modes speculative --graphs off (or on): its export takes ~465 s and each run reloads a
-     15 GB .ptd, so more than one run does not fit one 10-minute device call; with
+     --modes speculative --graphs off (or on): its export took ~465 s on the H200 and each run
+     reloads a 15 GB .ptd, so more than one run does not fit one 10-minute device call; with
      --zero-constants true the caches stay out of the .ptd (lowering/zero_constants.py, the
-     runner's zero-constants patch; not yet run). The step at fixed lengths against
-     max_seq_len (issue #26): the same --prompt / --prompt-max with --max-seq-len 2048 ... 32768)
+     runner's zero-constants patch: token-identical on the GPU, benchmarks/HISTORY.md session
+     54). On an 80 GB GPU its compiles side by side (--jobs auto) ran out of memory: pass
+     fewer there (--jobs 2 would fit the memory seen then; not tried). The step at fixed
+     lengths against max_seq_len (issue #26): the
+     same --prompt / --prompt-max with --max-seq-len 2048 ... 32768)
 
 The drafts of the presets' random drafters are never accepted, so the speculative loop
 commits one token per verify; a step costs the same whatever is accepted (the verify rows
