@@ -106,7 +106,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     slots = tl.load(slot_ptr + r, mask=r < rows, other=-1)
     end = tl.minimum(tile + BLOCK_R, rows)
     d = tl.arange(0, BLOCK_D)
-    i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, query head kv * GROUPS + i % BLOCK_G
+    i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
     first = tile
     if SPLITS > 1:
         # the cells any run of the tile sees lie in [lowest lo, highest hi) of its rows: a piece past them
