@@ -10,6 +10,7 @@ import torch
 
 from .. import __version__
 from ..lowering import cuda as cuda_lowering
+from ..lowering.shared_state import tensors_shared_on_deepcopy
 from . import artifact, boundary, builder, methods
 from . import config as config_mod
 from .config import ExportConfig
@@ -111,7 +112,8 @@ def lower_portable(
     edge = {}
     for name, program in programs.items():
         boundary.strip(program)  # the CPU program keeps the plain ATen heads
-        with stage(f"lowering {name} (portable)"):
+        # (to_edge's copy of the method shares its weights and caches: lowering/shared_state.py)
+        with stage(f"lowering {name} (portable)"), tensors_shared_on_deepcopy():
             edge[name] = to_edge({name: program}).exported_program(name)  # (checks the edge dialect)
     with stage("planning memory and serializing"), warnings.catch_warnings():
         # KV caches are mutated buffers whose initial contents are not serialized; that is

@@ -21,6 +21,7 @@ from .errors import LoweringError
 from .et_compat import delegate_outputs_in_order
 from .fuse_verify import FuseVerifyHeads, called_regions, fused_at_trace, head_paths
 from .inductor_compat import no_x_dim_rows_are_scalars
+from .shared_state import tensors_shared_on_deepcopy
 from .zero_constants import zero_constants_left_out
 from . import parallel_compile
 from .parallel_compile import classmethod_replaced, compiled_by_workers
@@ -125,9 +126,10 @@ def lower_edge(programs: dict, autotune: str = "gemm", constant_methods: dict | 
 
     # delegate_outputs_in_order: KV-cache writes before user outputs (et_compat.py);
     # no_x_dim_rows_are_scalars: torch 2.11's split scans of the plain heads (inductor_compat.py);
-    # zero_constants_left_out: the all-zero caches serialized with no bytes (zero_constants.py)
+    # zero_constants_left_out: the all-zero caches serialized with no bytes (zero_constants.py);
+    # tensors_shared_on_deepcopy: ExecuTorch's copy of each method shares its weights and caches (shared_state.py)
     with delegate_outputs_in_order(), compile_options(autotune), no_x_dim_rows_are_scalars(), \
-            zero_constants_left_out(zero_constants):
+            zero_constants_left_out(zero_constants), tensors_shared_on_deepcopy():
         return to_edge_transform_and_lower(
             programs,
             partitioner=_partitioners(list(programs)),

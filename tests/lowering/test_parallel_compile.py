@@ -4,6 +4,7 @@ give the same program as compiling them in one process. Without a GPU: CudaBacke
 a hash of the graph and weights it was handed, so a worker that compiled another graph, or
 bytes put under another method's name, changes the files."""
 
+import contextlib
 import copy
 import dataclasses
 import re
@@ -106,6 +107,18 @@ def test_workers_give_the_program_of_one_process(traced, fake_aoti):
     theirs = re.fullmatch(r"(\(.*\) \S+) sum (\S+) max\|x\| (\S+)", said_weight[2])
     assert theirs and theirs[1] == f"{tuple(mine.shape)} {mine.dtype}", said_weight[2]
     assert float(theirs[2]) == pytest.approx(mine.double().sum().item() + 1.0)
+
+
+def test_the_lowering_gives_the_same_bytes_with_the_copies_sharing_tensors(fused, fake_aoti, monkeypatch):
+    """ExecuTorch's copy of each method shares its weights and caches (lowering/shared_state.py),
+    and methods share tensors (both hold the target's embedding): a pass that wrote into one while
+    lowering one method would change what a later method's compile is handed (the fake compile
+    hashes it). The program's bytes equal those of a lowering whose copies are whole."""
+    spec, programs = fused
+    shared = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
+    monkeypatch.setattr(cuda, "tensors_shared_on_deepcopy", contextlib.nullcontext)
+    copied = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
+    assert shared == copied
 
 
 def test_a_failed_worker_fails_the_lowering_with_its_log(traced, fake_aoti):
