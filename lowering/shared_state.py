@@ -5,8 +5,8 @@ their passes (ExecuTorch 1.2.0 and 1.5.1, `exir/program/_program.py`:
 `copy.deepcopy(ep).transform(...)`), so their passes can rewrite the graph and signature
 without touching the caller's program. `copy.deepcopy` copies the tensors too: each method
 that holds the KV caches gets its own copy of them, on the device they live on. A CUDA
-export traces on the GPU, so an 8k-position qwen3-smoke program (10.7 GB of caches, held by
-four methods) held ~35 GB in the exporting process while lowering (benchmarks/HISTORY.md,
+export traces on the GPU, so an 8k-position qwen3-smoke program (10.7 GB of caches, each held
+by two methods) held ~35 GB in the exporting process while lowering (benchmarks/HISTORY.md,
 session 54: with its compile workers, more than an 80 GB H100 has); on the CPU at 2048
 positions the process grew from 5.0 GB traced to 13.3 GB while lowering.
 
