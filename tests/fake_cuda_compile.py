@@ -52,11 +52,6 @@ def install(set_attribute) -> None:
                       inspect.getattr_static(BackendDetails, "preprocess_multimethod"))
 
 
-def broken(method, **options):
-    """A producer that fails in the worker."""
-    raise RuntimeError(f"the producer of {method} broke on purpose")
-
-
 def out_of_memory(method, **options):
     """A producer that fails in the worker as a compile that ran the GPU out of memory does."""
     raise RuntimeError(f"CUDA out of memory. Tried to allocate 1.02 GiB ({method})")
