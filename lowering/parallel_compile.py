@@ -240,9 +240,10 @@ class Workers:
             tail = log.read_text(errors="replace")[-LOG_TAIL:]
             hint = ""
             if "CUDA out of memory" in tail:  # (seen: the 8k program's compiles, 5 side by side, on an 80 GB H100)
+                fewer = (f"e.g. --jobs {self.jobs // 2} (--jobs 1: one after the other)" if self.jobs >= 4
+                         else "--jobs 1 (one after the other)")
                 hint = (f"\nThe GPU ran out of memory with {self.jobs} compiles side by side (each holds its method's "
-                        f"weights and caches on the GPU): export with fewer, e.g. --jobs {max(1, self.jobs // 2)} "
-                        "(--jobs 1: one after the other).")
+                        f"weights and caches on the GPU): export with fewer, {fewer}.")
             raise LoweringError(f"compiling {method} in a worker process failed (exit {code}); the end of its "
                                 f"log ({log}):\n{tail}{hint}")
         with open(self.workdir / f"{method}.result", "rb") as f:

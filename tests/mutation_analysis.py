@@ -160,7 +160,7 @@ def main():
         return
     result = [[kernel.fn.__name__, written(kernel, kwargs)] for kernel, kwargs in launches]
     # Inductor writes each constant argument's repr into generated Python: a `tl.constexpr` object's
-    # ("constexpr[2]") does not run there (every CUDA export of the sampling heads failed, session 54)
+    # ("constexpr[2]") does not run there (every CUDA export of the sampling heads failed so in sessions 49-53)
     odd = sorted({f"{kernel.fn.__name__}.{name}: {value!r}" for kernel, kwargs in launches
                   for name, value in kwargs.items() if not isinstance(value, PLAIN)})
     print(json.dumps({"fallbacks": fallbacks.count, "launches": result, "odd_arguments": odd}))

@@ -127,7 +127,7 @@ def test_a_failed_worker_fails_the_lowering_with_its_log_and_out_of_memory_names
     with pytest.raises(LoweringError, match=r"compiling (target_verify|draft_forward) in a worker process failed "
                                             r"\(exit 1\); the end of its log (.|\n)*CUDA out of memory(.|\n)*"
                                             r"The GPU ran out of memory with 2 compiles side by side(.|\n)*"
-                                            r"--jobs 1 \(--jobs 1: one after the other\)"):
+                                            r"export with fewer, --jobs 1 \(one after the other\)\."):
         _lower(traced, producer="fake_cuda_compile:out_of_memory", jobs=2)
 
 
