@@ -14,7 +14,8 @@
 #                                   By default the five fused exports, 3 compile jobs each (four: 253 s); all
 #                                   side by side did not finish within a 10 min call. The other two in a
 #                                   call of their own: DFLASH_RUNTIME_EXPORTS=sampling-f32-unfused,greedy-cpu;
-#                                   a Qwen3.5 hybrid target: DFLASH_RUNTIME_EXPORTS=hybrid-f32 (~2 min)
+#                                   a Qwen3.5 hybrid target: DFLASH_RUNTIME_EXPORTS=hybrid-f32 (~2 min); the
+#                                   attention in pieces (4096-cell slots): sampling-f32-attn-pieces
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight

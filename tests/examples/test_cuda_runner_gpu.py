@@ -11,7 +11,9 @@ path); `scripts/gpu-checks.sh runtime` builds the runner and runs this file.
   (`lowering.fused_verify: false`), with owners of mixed sampling parameters that join and
   leave at different steps and a prompt longer than max_rows (chunked prefill); speculative and target-only. Their
   drafter is distilled on these owners' prompts (`dflash-et distill`), so greedy owners'
-  drafts are accepted and steps commit several rows.
+  drafts are accepted and steps commit several rows. `sampling-f32-attn-pieces`: the fused
+  attention in slots of 4096 cells, so in pieces (the empty ones, the combine) inside
+  AOTInductor's program (not in the default set of `scripts/gpu-checks.sh runtime`).
 - bfloat16 exports against the eager bfloat16 modules on the same GPU: teacher-forced, the
   eager modules decide at least AGREE of the runner's tokens the same (the rest: compiled
   and eager bf16 round differently; counted, reported).
@@ -60,11 +62,15 @@ EXPORTS = {
     "greedy-f32-zeros": ("tiny-dflash-greedy-cuda", "float32", "cuda", True, True, False, True),
     "sampling-f32-unfused": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, False, False, False),
     "sampling-f32-attn": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True, False),
+    "sampling-f32-attn-pieces": ("tiny-dflash-sampling-cuda", "float32", "cuda", True, True, True, False),
     "sampling-bf16": ("tiny-dflash-sampling-cuda", "bfloat16", "cuda", False, True, False, False),
     "greedy-cpu": ("tiny-dflash-greedy-cuda", "float32", "portable", False, True, False, False),
     "hybrid-f32": (HYBRID, "float32", "cuda", False, True, False, False),  # a Qwen3.5 hybrid target (_hybrid_pair)
 }
 F32_SEED = 5  # the float32 checks' owners (driver.scenario): the prompts the drafter is distilled on
+# limits an export changes: slots of 4096 cells, so that the fused attention runs in pieces (4 at most;
+# kernels/cached_attention.py), the pieces past the owners' short cells empty, and their combine
+LIMITS = {"sampling-f32-attn-pieces": {"max_seq_len": 4096}}
 
 
 def _selected() -> list[str]:
@@ -83,7 +89,8 @@ def _config(name: str) -> config.ExportConfig:
     cfg = config.load(base)
     model = dataclasses.replace(cfg.model, dtype=dtype, drafter=_distilled() if distilled else cfg.model.drafter)
     lowering = dataclasses.replace(cfg.lowering, fused_verify=fused, fused_attention=attention, zero_constants=zeros)
-    return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering)
+    limits = dataclasses.replace(cfg.limits, **LIMITS.get(name, {}))
+    return dataclasses.replace(cfg, backend=backend, model=model, lowering=lowering, limits=limits)
 
 
 @functools.cache
@@ -262,7 +269,8 @@ def test_target_verify_reads_the_cache_target_prefill_wrote(artifacts):
     assert private[0] == want[0] and private != want
 
 
-@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32", "sampling-f32-unfused", "sampling-f32-attn"])
+@pytest.mark.parametrize("name", ["greedy-f32", "sampling-f32", "sampling-f32-unfused", "sampling-f32-attn",
+                                  "sampling-f32-attn-pieces"])
 def test_float32_commits_the_cpu_reference_tokens(artifacts, name):
     artifacts[name]  # skipped when not exported in this run
     program = _eager(name, "cpu")
