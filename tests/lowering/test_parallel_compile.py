@@ -82,12 +82,21 @@ def _backend():
     return CudaBackend
 
 
-def test_workers_give_the_program_of_one_process(traced, fake_aoti):
+def test_workers_give_the_program_of_one_process(traced, fake_aoti, monkeypatch):
     """target_verify comes from its worker; draft_forward's worker lowered other weights (the
-    recipe changed one), so that method is compiled here; the files equal one process's."""
+    recipe changed one), so that method is compiled here; the files equal one process's.
+
+    One process's files are also those of a lowering whose copies of the methods are whole:
+    ExecuTorch's copy of each method shares its weights and caches (lowering/shared_state.py),
+    and the methods share tensors (both hold the target's embedding), so a pass that wrote into
+    one while lowering one method would change what a later method's compile is handed (the
+    fake compile hashes it)."""
     spec, programs = traced
     alone = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
     assert sorted(fake_aoti) == sorted(METHODS) and cuda.PTD in alone
+    with monkeypatch.context() as patched:
+        patched.setattr(cuda, "tensors_shared_on_deepcopy", contextlib.nullcontext)
+        assert _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec))) == alone
     fake_aoti.clear()
     said = []
     parallel = _lower(traced, recipe="fake_cuda_compile:drafter_perturbed", said=said)
@@ -107,18 +116,6 @@ def test_workers_give_the_program_of_one_process(traced, fake_aoti):
     theirs = re.fullmatch(r"(\(.*\) \S+) sum (\S+) max\|x\| (\S+)", said_weight[2])
     assert theirs and theirs[1] == f"{tuple(mine.shape)} {mine.dtype}", said_weight[2]
     assert float(theirs[2]) == pytest.approx(mine.double().sum().item() + 1.0)
-
-
-def test_the_lowering_gives_the_same_bytes_with_the_copies_sharing_tensors(fused, fake_aoti, monkeypatch):
-    """ExecuTorch's copy of each method shares its weights and caches (lowering/shared_state.py),
-    and methods share tensors (both hold the target's embedding): a pass that wrote into one while
-    lowering one method would change what a later method's compile is handed (the fake compile
-    hashes it). The program's bytes equal those of a lowering whose copies are whole."""
-    spec, programs = fused
-    shared = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
-    monkeypatch.setattr(cuda, "tensors_shared_on_deepcopy", contextlib.nullcontext)
-    copied = _files(cuda.lower_edge(copy.deepcopy(programs), "gemm", methods.constant_values(spec)))
-    assert shared == copied
 
 
 def test_a_failed_worker_fails_the_lowering_with_its_log_and_out_of_memory_names_the_fix(traced, fake_aoti):
