@@ -493,11 +493,13 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
         n, lo, hi, c_hi, m_hi, c_lo, m_lo = load_list(stats_ptr)
         goal, by_mass = load_goal(stats_ptr)
         n_finite = tl.load(stats_ptr + S_FINITE_N)
-        vals = listed_entries(list_ptr, n, lo, hi, LIST)  # (read again by `_list_cut`)
         # the list's end: as the pass that stored the list counted it (its sum in another order could
-        # put a cut the pass saw inside the list outside it)
-        m_lo = tl.where(c_lo >= 0, m_lo, m_hi + tl.sum(packed_weights(vals, x_max, scale), 0))
-        c_lo = tl.where(c_lo >= 0, c_lo, c_hi + tl.sum((vals != INT64_MIN).to(tl.int64), 0))
+        # put a cut the pass saw inside the list outside it); else summed over the list (read again by
+        # `_list_cut`)
+        if c_lo < 0:
+            vals = listed_entries(list_ptr, n, lo, hi, LIST)
+            m_lo = m_hi + tl.sum(packed_weights(vals, x_max, scale), 0)
+            c_lo = c_hi + tl.sum((vals != INT64_MIN).to(tl.int64), 0)
         top_in = _holds_cut(hi, c_hi, m_hi, goal, by_mass, n_finite)
         if top_in & ~_holds_cut(lo, c_lo, m_lo, goal, by_mass, n_finite):  # the cut is in the list
             cut, n_kept, kept_mass = _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST,
