@@ -39,13 +39,12 @@ def _deepcopy_sharing_tensors(self, memo):
 def tensors_shared_on_deepcopy():
     """Within: a deep copy of an ExportedProgram shares its state_dict's and constants'
     tensors with the original."""
-    had = "__deepcopy__" in vars(ExportedProgram)
     original = vars(ExportedProgram).get("__deepcopy__")
     ExportedProgram.__deepcopy__ = _deepcopy_sharing_tensors
     try:
         yield
     finally:
-        if had:
+        if original is not None:
             ExportedProgram.__deepcopy__ = original
         else:
             del ExportedProgram.__deepcopy__
