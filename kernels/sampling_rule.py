@@ -61,14 +61,16 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
     adds its whole sums; only the one step that holds the draft masks per logit.
 
-    FAST: no per-logit NaN / +inf handling. The float max drops a NaN (IEEE maxNum: the GPU's
+    FAST: no per-logit NaN / +inf compare. The float max drops a NaN (IEEE maxNum: the GPU's
     `max.f32`, the interpreter's `nanmax` reduction), as the sanitizing NaN -> -inf would; so
-    greedy rows need no second pass for NaN. A step of NaN only leaves NaN in its step max,
-    which the lane max drops on the GPU and keeps in the interpreter (numpy's elementwise
-    max): a NaN lane max, like the NaN weight of a NaN logit in a sampling row's mass and
-    the +inf of a +inf logit, sends the row to the sanitizing pass (`lane_stats` checks the
-    lanes after the pass); every other logit gives exactly what the sanitized step gives.
-    +inf counts as FLT_MAX on the step's max: min commutes with max."""
+    greedy rows need no second pass for NaN. A sampling row's weights go through max(e, 0):
+    one `max.f32` a logit that turns a NaN logit's NaN weight into the 0 of its sanitized
+    -inf on the GPU, so a row holding NaN needs no second pass there either. In the
+    interpreter numpy's elementwise max keeps NaN (in the weight and in a step's max, which
+    the lane max keeps too): a NaN lane max or mass, like the +inf weight of a +inf logit,
+    sends the row to the sanitizing pass (`lane_stats` checks the lanes after the pass), whose
+    result is the same; every other logit gives exactly what the sanitized step gives. +inf
+    counts as FLT_MAX on the step's max: min commutes with max."""
     x = raw.to(tl.float32)
     if FAST:
         step_max = tl.minimum(tl.max(x, 1), FLT_MAX, propagate_nan=tl.PropagateNan.ALL)
@@ -83,7 +85,7 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
         m = tl.where(new_max > float("-inf"), new_max, 0.0)
         rescale = scaled_weight(lane_max, m, scale)
         if FAST:
-            e = scaled_weight(x, m[:, None], scale)
+            e = tl.maximum(scaled_weight(x, m[:, None], scale), 0.0)  # (NaN -> 0 on the GPU: see above)
         else:
             e = scaled_weight(tl.minimum(x, FLT_MAX), m[:, None], scale)
         step_sum = tl.sum(e, 1)
@@ -153,9 +155,10 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     logits, one vector load per lane) and folds them into each lane's online max and sums
     (a reduction inside the thread): no block-wide reduction, so no barrier, in the loop,
     and few instructions per logit (the kernels are bound by the ALU pipe here: ncu on the
-    H200): no NaN / +inf handling per logit (the max drops NaN; the pass runs again with
-    it on the rare row where a lane ends with a NaN max or a non-finite mass: a sampling
-    row with a NaN or +inf logit: `_fold_step`); -0 vs +0 does
+    H200): no NaN / +inf compare per logit (the max drops NaN, a weight's max with 0 drops
+    it on the GPU; the pass runs again with it on the rare row where a lane ends with a NaN
+    max or a non-finite mass: a sampling row with a +inf logit, or NaN in the interpreter:
+    `_fold_step`); -0 vs +0 does
     not matter to max, argmax or weights (they compare equal); no argmax per logit (each
     lane keeps the step where its max first rose; `combine_lanes` reloads those steps);
     no finite mask (exp2 of -inf is 0, from a lane max made finite); the finite count
