@@ -57,7 +57,8 @@ from .sampling_rule import (INT64_MAX, LANE_BITS, decide_light, is_light, lanes_
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
-GROUP = tl.constexpr(4)  # pair slots a program of the select's rounds launches
+GROUP = tl.constexpr(8)  # pair slots a program of the select's begin and rounds launches: 1024 rows in
+# 128 programs, one wave at one program an SM (a launch with nothing to do costs one wave)
 
 
 @triton.jit
@@ -159,7 +160,7 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
     its results. Programs: the search's, one a pair slot; the rounds', one for GROUP slots
-    (their marks in one load: a batch with no such rows pays a quarter of the waves), the
+    (their marks in one load: a batch with no such rows pays an eighth of the waves), the
     slots strided by the grid, so that an owner's consecutive rows (one top-p owner in a
     batch of greedy ones) go to different programs, side by side; the pass',
     a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
