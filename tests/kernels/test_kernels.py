@@ -9,6 +9,7 @@ its own tests: test_cut_select.py) on small vocabularies.
 import dataclasses
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICE
@@ -107,12 +108,30 @@ def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
     assert len(chunks) == 8
 
 
-@pytest.mark.parametrize("block", [pytest.param(None, marks=pytest.mark.quick), 16])
-def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
-    """The light pass skips NaN / +inf handling per logit and runs a row again, sanitized,
-    when a lane ends with a NaN max or an infinite mass (kernels/sampling_rule.py). One NaN
-    or +inf logit at a random place of a row (in a whole step or the masked last one), in
-    greedy, temperature, top-k and top-p rows, must give the reference's tokens."""
+def _gpu_min_max(monkeypatch):
+    """The interpreter's float min and max (`tl.minimum` / `tl.maximum`) as sm_90's `min.f32` /
+    `max.f32`: a NaN operand gives the other one (numpy's fmin / fmax), where the interpreter keeps
+    NaN (np.minimum / np.maximum). The kernels' paths that count on the GPU dropping NaN (the light
+    pass's weights: kernels/sampling_rule.py, `_fold_step`) then run here too."""
+    from triton.runtime.interpreter import InterpreterBuilder
+    monkeypatch.setattr(InterpreterBuilder, "create_minnumf", lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin))
+    monkeypatch.setattr(InterpreterBuilder, "create_maxnumf", lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax))
+
+
+@pytest.mark.parametrize("block,min_max", [pytest.param(None, "numpy", marks=pytest.mark.quick), (16, "numpy"),
+                                           (None, "sm_90")])
+def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block, min_max, monkeypatch):
+    """The light pass skips NaN / +inf compares per logit: the GPU's max drops a NaN logit
+    (and a NaN weight), and a row runs again, sanitized, where a lane ends with a NaN max or
+    an infinite mass (kernels/sampling_rule.py). One NaN or +inf logit at a random place of a
+    row (in a whole step or the masked last one), in greedy, temperature, top-k and top-p
+    rows, must give the reference's tokens: with the interpreter's NaN-keeping min and max
+    (numpy: the sanitized pass decides such rows), and with the GPU's (sm_90: a NaN row in one
+    pass)."""
+    if min_max == "sm_90":
+        if DEVICE != "cpu":
+            pytest.skip("the GPU's own min and max: the numpy case runs them")
+        _gpu_min_max(monkeypatch)
     g = torch.Generator().manual_seed(23)
     vocab = 300
     for _ in range(3):
@@ -131,6 +150,42 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block):
         for key in ("temperature", "top_k", "top_p", "seed"):
             sample[key] = inp[key][owner_of_row]
         check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS], block=block))
+
+
+def test_temperature_rows_holding_nan_under_the_gpus_min_and_max(monkeypatch):
+    """On the GPU a temperature-only row holding NaN is decided by the light pass alone: the
+    max of each weight with 0 drops a NaN logit's NaN weight (`_fold_step`), so no lane's mass
+    sends the row to the sanitizing pass. Here, with sm_90's min / max (`_gpu_min_max`), rows of
+    several NaN logits each (and some -inf) under temperatures 0.5-2, in sample_rows and in
+    dflash_verify (drafts planted), must give the reference's tokens."""
+    if DEVICE != "cpu":
+        pytest.skip("the GPU's own min and max: test_kernels_gpu.py runs such rows")
+    _gpu_min_max(monkeypatch)
+    g = torch.Generator().manual_seed(55)
+    vocab, rows = 300, 48
+
+    def holes(x):
+        for r in range(x.shape[0]):
+            at = torch.randint(0, vocab, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g)
+            x[r, at] = float("nan")
+            x[r, torch.randint(0, vocab, (2,), generator=g)] = float("-inf")
+        return x
+
+    temperature = torch.tensor([0.5, 0.8, 1.0, 1.5, 2.0]).repeat(rows)[:rows]
+    sample = _to({"logits": holes(cases.logits(g, rows, vocab, torch.float32)),
+                  "position": torch.randint(0, 1 << 40, (rows,), generator=g), "temperature": temperature,
+                  "top_k": torch.zeros(rows, dtype=torch.int64), "top_p": torch.ones(rows),
+                  "seed": torch.randint(-(1 << 62), 1 << 62, (rows,), generator=g)})
+    check_samples(sample, sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS]))
+    for _ in range(4):
+        inp = cases.verify_case(g, vocab, 40, 8, torch.float32)
+        owners = inp["temperature"].shape[0]
+        inp["temperature"] = temperature[:owners]
+        inp["top_k"] = torch.zeros(owners, dtype=torch.int64)
+        inp["top_p"] = torch.ones(owners)
+        inp["logits"] = holes(inp["logits"])
+        inp = _to(inp)
+        check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS]))
 
 
 @pytest.mark.parametrize("mark", [record.PASS_ROW.value, record.FILTERED_ROW.value])
