@@ -17,6 +17,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     import fast_interpreter
 
     fast_interpreter.install()  # two of the interpreter's repeated costs, removed (fast_interpreter.py)
+    if os.environ.get("DFLASH_GPU_MIN_MAX") == "1":
+        import gpu_min_max
+
+        gpu_min_max.install()  # the GPU's float min / max, NaN dropped (gpu_min_max.py)
 
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)

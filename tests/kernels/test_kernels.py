@@ -9,7 +9,7 @@ its own tests: test_cut_select.py) on small vocabularies.
 import dataclasses
 import itertools
 
-import numpy as np
+import gpu_min_max
 import pytest
 import torch
 from conftest import DEVICE
@@ -108,16 +108,6 @@ def test_temperature_search_reads_the_chunk_its_prefix_masses_point_to():
     assert len(chunks) == 8
 
 
-def _gpu_min_max(monkeypatch):
-    """The interpreter's float min and max (`tl.minimum` / `tl.maximum`) as sm_90's `min.f32` /
-    `max.f32`: a NaN operand gives the other one (numpy's fmin / fmax), where the interpreter keeps
-    NaN (np.minimum / np.maximum). The kernels' paths that count on the GPU dropping NaN (the light
-    pass's weights: kernels/sampling_rule.py, `_fold_step`) then run here too."""
-    from triton.runtime.interpreter import InterpreterBuilder
-    monkeypatch.setattr(InterpreterBuilder, "create_minnumf", lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin))
-    monkeypatch.setattr(InterpreterBuilder, "create_maxnumf", lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax))
-
-
 @pytest.mark.parametrize("block,min_max", [pytest.param(None, "numpy", marks=pytest.mark.quick), (16, "numpy"),
                                            (None, "sm_90")])
 def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block, min_max, monkeypatch):
@@ -131,7 +121,7 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block, min_max, monkeypatch
     if min_max == "sm_90":
         if DEVICE != "cpu":
             pytest.skip("the GPU's own min and max: the numpy case runs them")
-        _gpu_min_max(monkeypatch)
+        gpu_min_max.patch(monkeypatch)
     g = torch.Generator().manual_seed(23)
     vocab = 300
     for _ in range(3):
@@ -155,12 +145,12 @@ def test_a_single_nan_or_inf_logit_anywhere_in_a_row(block, min_max, monkeypatch
 def test_temperature_rows_holding_nan_under_the_gpus_min_and_max(monkeypatch):
     """On the GPU a temperature-only row holding NaN is decided by the light pass alone: the
     max of each weight with 0 drops a NaN logit's NaN weight (`_fold_step`), so no lane's mass
-    sends the row to the sanitizing pass. Here, with sm_90's min / max (`_gpu_min_max`), rows of
+    sends the row to the sanitizing pass. Here, with sm_90's min / max (tests/gpu_min_max.py), rows of
     several NaN logits each (and some -inf) under temperatures 0.5-2, in sample_rows and in
     dflash_verify (drafts planted), must give the reference's tokens."""
     if DEVICE != "cpu":
         pytest.skip("the GPU's own min and max: test_kernels_gpu.py runs such rows")
-    _gpu_min_max(monkeypatch)
+    gpu_min_max.patch(monkeypatch)
     g = torch.Generator().manual_seed(55)
     vocab, rows = 300, 48
 
