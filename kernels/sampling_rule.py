@@ -66,8 +66,8 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
     greedy rows need no second pass for NaN. A sampling row's weights go through max(e, 0):
     one `max.f32` a logit that turns a NaN logit's NaN weight into the 0 of its sanitized
     -inf on the GPU, so a row holding NaN needs no second pass there either. In the
-    interpreter numpy's elementwise max keeps NaN (in the weight and in a step's max, which
-    the lane max keeps too): a NaN lane max or mass, like the +inf weight of a +inf logit,
+    interpreter numpy's elementwise max keeps NaN (in the weight, and in the lane max after a
+    step of only NaN): a NaN lane max or mass, like the +inf weight of a +inf logit,
     sends the row to the sanitizing pass (`lane_stats` checks the lanes after the pass), whose
     result is the same; every other logit gives exactly what the sanitized step gives. +inf
     counts as FLT_MAX on the step's max: min commutes with max."""

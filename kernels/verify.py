@@ -159,10 +159,10 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
-    its results. Programs: the search's, one a pair slot; the rounds', one for GROUP slots
-    (their marks in one load: a batch with no such rows pays an eighth of the waves), the
-    slots strided by the grid, so that an owner's consecutive rows (one top-p owner in a
-    batch of greedy ones) go to different programs, side by side; the pass',
+    its results. Programs: the search's, one a pair slot; begin's and the rounds', one for
+    GROUP slots (their marks in one load: a batch with no such rows pays an eighth of the
+    waves), the slots strided by the grid, so that an owner's consecutive rows (one top-p
+    owner in a batch of greedy ones) go to different programs, side by side; the pass',
     a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
     in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
     slot (a loop over all slots around the rounds, at their registers, spills)."""
