@@ -48,9 +48,10 @@ points, step 7's index) is the largest code whose sum from the top reaches a goa
 binary lifting over the tokens' codes (`_codes`: key code, then index, in as few bits as the
 list spans; the sample's points: key code, then slot) with one block-wide reduction a bit
 (`_descend`: ~20-35 steps at V = 151936 in bfloat16; a 4096-entry sort cost several times that:
-benchmarks/RESULTS.md). The search's state lives in the row's scratch record between rounds and
-launches (`scratch`: the region, the goal, the list, the cut, the stage), the list is read from
-scratch where it is used, so little is live across a descent, and the launches compile for
+benchmarks/RESULTS.md; the estimate's four ranks share each bit's reduction: `_descend_ranks`).
+The search's state lives in the row's scratch record between rounds and launches (`scratch`:
+the region, the goal, the list, the cut, the stage), the list is read from scratch where it is
+used, so little is live across a descent, and the launches compile for
 sm_90 without a stack frame.
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
@@ -257,8 +258,9 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     """The 4 thresholds of a bracket pass, descending, from the region's sample points (pts, in no
     order; n_pts of them): the points `half` and GUARD x `half` places either side of the point
     where the estimated count or mass from the top reaches the goal (the region's ends past the
-    points), each found by `_descend` (no sort). While no pass has counted the region's bottom,
-    the low guard is the bottom itself (a count of the row's finite tokens)."""
+    points), found by `_descend` and the four places' points by `_descend_ranks` (no sort). While
+    no pass has counted the region's bottom, the low guard is the bottom itself (a count of the
+    row's finite tokens)."""
     # tokens per point: exact over the region's points, else (the region reaches the row's
     # end, whose finite count no pass has counted yet) the sample's rate V / LIST
     per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
@@ -278,7 +280,7 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
         e = weights32(pts, x_max, scale) * per_point.to(tl.float32)
         points_mass = tl.sum(e.to(tl.float64), 0)
         carry = m_top + ((m_bot - m_top) - points_mass)
-        x = _descend(codes, e, carry, goal, nbits, False, False)
+        x = _descend(codes, e, carry, goal, nbits, False)
         j = tl.where(carry + points_mass >= goal, tl.sum((codes > x.to(codes.dtype)).to(tl.int64), 0), n_pts)  # (the
         # points whose sum from the top, themselves included, is still short of the goal)
     else:
@@ -288,12 +290,14 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     half = tl.maximum((1.0 / per_point * (FILL * LIST / 2)).to(tl.int64), 1)
     q = tl.arange(0, 4)
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
-    picked = tl.zeros((4,), dtype=tl.int64)
-    for r in range(0, 4):  # (the points at those places, by rank; a loop, not unrolled: registers)
-        at_r = tl.sum(tl.where(q == r, at, 0), 0)
-        if (at_r >= 0) & (at_r < n_pts):
-            rank = _descend(codes, codes, 0.0, (at_r + 1).to(tl.float64), nbits, False, True)
-            picked = tl.where(q == r, tl.load(list_ptr + (LIST - 1 - (rank & (LIST - 1)))), picked)
+    # the points at those places, by rank (the codes are distinct: the (a + 1)-th largest), the four
+    # found side by side (`_descend_ranks`); a place outside the points takes the region's end below
+    x0, x1, x2, x3 = _descend_ranks(codes, tl.minimum(tl.maximum(j - GUARD * half, 0), n_pts - 1) + 1,
+                                    tl.minimum(tl.maximum(j - half, 0), n_pts - 1) + 1,
+                                    tl.minimum(j + half, n_pts - 1) + 1, tl.minimum(j + GUARD * half, n_pts - 1) + 1,
+                                    nbits)
+    rank = tl.where(q == 0, x0, tl.where(q == 1, x1, tl.where(q == 2, x2, x3)))
+    picked = tl.load(list_ptr + (LIST - 1 - (rank & (LIST - 1))))
     t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
     return tl.where((q == 3) & ~exact_bot, bot, t)
 
@@ -377,7 +381,7 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
     last = tl.max(tl.where(e > 0, index, -1), 0)
     total = tl.sum(e, 0)
     t = u.to(tl.float64) * total
-    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True, False)
+    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)
     return tl.where(total > t, i_max - x, last)
 
 
@@ -404,25 +408,49 @@ def _bit_length(x):
 
 
 @triton.jit
-def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr, COUNT: tl.constexpr):
+def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr):
     """The largest x in [0, 2^nbits) with base plus the weights w of the entries of code >= x
-    reaching the goal (>=; > with STRICT; float64 sums; COUNT: their count, w unread), by binary
-    lifting: nbits steps of one block-wide reduction each ([N] int64 or int32 codes, -1 for no entry;
-    [N] float32 or float64 w: float64 where the registers allow, as no step widens them then). 0
-    where no x > 0 reaches it: the caller checks x = 0 (every entry) itself."""
+    reaching the goal (>=; > with STRICT; float64 sums), by binary lifting: nbits steps of one
+    block-wide reduction each ([N] int64 or int32 codes, -1 for no entry; [N] float32 or float64
+    w: float64 where the registers allow, as no step widens them then). 0 where no x > 0 reaches
+    it: the caller checks x = 0 (every entry) itself. Counts: `_descend_ranks`."""
     x = tl.zeros((), dtype=tl.int64)
     for i in range(0, nbits):
         cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
-        above = codes >= cand.to(codes.dtype)
-        if COUNT:
-            s = base + tl.sum(above.to(tl.int32), 0).to(tl.float64)
-        else:
-            s = base + tl.sum(tl.where(above, w, 0.0).to(tl.float64), 0)
+        s = base + tl.sum(tl.where(codes >= cand.to(codes.dtype), w, 0.0).to(tl.float64), 0)
         if STRICT:
             x = tl.where(s > goal, cand, x)
         else:
             x = tl.where(s >= goal, cand, x)
     return x
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _descend_ranks(codes, g0, g1, g2, g3, nbits):
+    """`_descend` counting (each entry weighs 1, base 0) for four goals at once: for each g_r >= 1,
+    the largest x in [0, 2^nbits) with at least g_r entries of code >= x. One block-wide
+    reduction a bit for all four (their counts in one tree): the same instructions as four
+    descents one after the other, a quarter of the reductions waited on."""
+    x0 = tl.zeros((), dtype=tl.int64)
+    x1 = tl.zeros((), dtype=tl.int64)
+    x2 = tl.zeros((), dtype=tl.int64)
+    x3 = tl.zeros((), dtype=tl.int64)
+    for i in range(0, nbits):
+        bit = tl.full((), 1, tl.int64) << (nbits - 1 - i)
+        n0, n1, n2, n3 = tl.reduce(((codes >= (x0 + bit).to(codes.dtype)).to(tl.int32),
+                                    (codes >= (x1 + bit).to(codes.dtype)).to(tl.int32),
+                                    (codes >= (x2 + bit).to(codes.dtype)).to(tl.int32),
+                                    (codes >= (x3 + bit).to(codes.dtype)).to(tl.int32)), 0, _add4)
+        x0 = tl.where(n0 >= g0, x0 + bit, x0)
+        x1 = tl.where(n1 >= g1, x1 + bit, x1)
+        x2 = tl.where(n2 >= g2, x2 + bit, x2)
+        x3 = tl.where(n3 >= g3, x3 + bit, x3)
+    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -469,7 +497,7 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     codes, nbits, k_min, index_bits, i_max = _codes(vals, KEY_SHIFT)
     w = tl.where(by_mass, packed_weights(vals, x_max, scale), (codes >= 0).to(tl.float64))
     base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
-    x = _descend(codes, w, base, goal, nbits, False, False)  # (0 where every token is kept: at most the lowest code)
+    x = _descend(codes, w, base, goal, nbits, False)  # (0 where every token is kept: at most the lowest code)
     at = tl.min(tl.where(codes >= x, codes, INT64_MAX), 0)
     at = tl.where(base >= goal, tl.max(codes, 0), at)  # (none kept but, for top-p, the first: see `_holds_cut`)
     cut = _token_of(at, k_min, index_bits, i_max, KEY_SHIFT)
