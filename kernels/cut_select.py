@@ -51,8 +51,8 @@ list spans; the sample's points: key code, then slot) with one block-wide reduct
 benchmarks/RESULTS.md; the estimate's four ranks share each bit's reduction: `_descend_ranks`).
 The search's state lives in the row's scratch record between rounds and launches (`scratch`:
 the region, the goal, the list, the cut, the stage), the list is read from scratch where it is
-used, so little is live across a descent, and the launches compile for
-sm_90 without a stack frame.
+used, so little is live across a descent, and the launches compile for sm_90 without a stack
+frame.
 
 The bound, passes over the row after its first: at most BRACKETS bracket passes a row; per cut,
 at most 14 key splits (32-bit keys, each pass leaves a fifth of the key range: 5^14 > 2^32),
