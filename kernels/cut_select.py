@@ -292,11 +292,7 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
     # the points at those places, by rank (the codes are distinct: the (a + 1)-th largest), the four
     # found side by side (`_descend_ranks`); a place outside the points takes the region's end below
-    x0, x1, x2, x3 = _descend_ranks(codes, tl.minimum(tl.maximum(j - GUARD * half, 0), n_pts - 1) + 1,
-                                    tl.minimum(tl.maximum(j - half, 0), n_pts - 1) + 1,
-                                    tl.minimum(j + half, n_pts - 1) + 1, tl.minimum(j + GUARD * half, n_pts - 1) + 1,
-                                    nbits)
-    rank = tl.where(q == 0, x0, tl.where(q == 1, x1, tl.where(q == 2, x2, x3)))
+    rank = _descend_ranks(codes, tl.minimum(tl.maximum(at, 0), n_pts - 1) + 1, nbits)
     picked = tl.load(list_ptr + (LIST - 1 - (rank & (LIST - 1))))
     t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
     return tl.where((q == 3) & ~exact_bot, bot, t)
@@ -426,31 +422,17 @@ def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr):
 
 
 @triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
-def _descend_ranks(codes, g0, g1, g2, g3, nbits):
-    """`_descend` counting (each entry weighs 1, base 0) for four goals at once: for each g_r >= 1,
-    the largest x in [0, 2^nbits) with at least g_r entries of code >= x. One block-wide
-    reduction a bit for all four (their counts in one tree): the same instructions as four
-    descents one after the other, a quarter of the reductions waited on."""
-    x0 = tl.zeros((), dtype=tl.int64)
-    x1 = tl.zeros((), dtype=tl.int64)
-    x2 = tl.zeros((), dtype=tl.int64)
-    x3 = tl.zeros((), dtype=tl.int64)
+def _descend_ranks(codes, goals, nbits):
+    """`_descend` counting (each entry weighs 1, base 0) for several goals at once ([G] int64, each
+    >= 1): for each, the largest x in [0, 2^nbits) with at least that many entries of code >= x
+    ([G] int64). One block-wide reduction a bit for all of them (a [G, N] sum along N): about the
+    instructions of G descents one after the other, one reduction waited on a bit instead of G."""
+    x = tl.zeros(goals.shape, dtype=tl.int64)
     for i in range(0, nbits):
-        bit = tl.full((), 1, tl.int64) << (nbits - 1 - i)
-        n0, n1, n2, n3 = tl.reduce(((codes >= (x0 + bit).to(codes.dtype)).to(tl.int32),
-                                    (codes >= (x1 + bit).to(codes.dtype)).to(tl.int32),
-                                    (codes >= (x2 + bit).to(codes.dtype)).to(tl.int32),
-                                    (codes >= (x3 + bit).to(codes.dtype)).to(tl.int32)), 0, _add4)
-        x0 = tl.where(n0 >= g0, x0 + bit, x0)
-        x1 = tl.where(n1 >= g1, x1 + bit, x1)
-        x2 = tl.where(n2 >= g2, x2 + bit, x2)
-        x3 = tl.where(n3 >= g3, x3 + bit, x3)
-    return x0, x1, x2, x3
+        cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
+        n = tl.sum((codes[None, :] >= cand.to(codes.dtype)[:, None]).to(tl.int32), 1)
+        x = tl.where(n >= goals, cand, x)
+    return x
 
 
 @triton.jit
