@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation on a CUDA machine (the H200 of the device tool; not CI). Stages:
 #   scripts/gpu-checks.sh kernels   Triton compile warm-up, then the GPU parity suite in three shards (324 s)
+#   scripts/gpu-checks.sh parity-small  the parity suite at small sizes (V = 1000 and 32000, the row kinds x
+#                                   modes among them), without memcheck: a first check of changed kernels
 #   scripts/gpu-checks.sh sanitizer the parity suite (small sizes) and the split-walk cases under memcheck
 #                                   (a stage of its own: run alongside it, the full parity suite
 #                                   did not finish within one 10 min device call)
@@ -103,6 +105,11 @@ kernels)
   wait
   cat "$OUT"/parity.[012].log >"$OUT/parity.log"
   grep -E "V=|passed|failed|Error" "$OUT/parity.log"
+  ;;
+parity-small)
+  DFLASH_GPU_SUITE=small timeout 400 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/kernels/test_kernels_gpu.py >"$OUT/parity-small.log" 2>&1
+  grep -E "V=|passed|failed|Error" "$OUT/parity-small.log"
   ;;
 sanitizer)
   # The small parity suite, and the sample select's crafted cases (test_cut_select.py: every
@@ -222,6 +229,6 @@ chain)
   done
   echo "== chain done in $(( $(date +%s) - start )) s"
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2
+*) echo "usage: scripts/gpu-checks.sh kernels|parity-small|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2
    echo "       scripts/gpu-checks.sh chain SECONDS \"stage [options]\" ...   (stages in turn within SECONDS)" >&2; exit 2 ;;
 esac
