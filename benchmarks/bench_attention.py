@@ -51,10 +51,10 @@ def check_owners(case, lengths, rows) -> float:
     q, k, v, slot, lo, hi = case
     out = torch.ops.dflash.cached_attention(*case).double()
     worst = 0.0
+    group = q.shape[1] // k.shape[2]
     for o in {int(lengths.argmin()), int(lengths.argmax())}:
         at = slice(o * rows, (o + 1) * rows)
         n = int(lengths[o])
-        group = q.shape[1] // k.shape[2]
         kk = k[o, :n].double().repeat_interleave(group, dim=1)  # [n, H, D]
         vv = v[o, :n].double().repeat_interleave(group, dim=1)
         s = torch.einsum("rhd,nhd->rhn", q[at].double(), kk) * q.shape[2] ** -0.5

@@ -107,6 +107,8 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     end = tl.minimum(tile + BLOCK_R, rows)
     d = tl.arange(0, BLOCK_D)
     i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
+    heads = kv * GROUPS + i % BLOCK_G
+    in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
     first = tile
     if SPLITS > 1:
         # the cells any run of the tile sees lie in [lowest lo, highest hi) of its rows: a piece past them
@@ -117,9 +119,8 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         tile_span = tl.max(tl.where(seen, tile_hi, 0)) - tl.min(tl.where(seen, tile_lo, cells))
         if split >= tl.maximum(tl.cdiv(tile_span, SPLIT_CELLS), 1):
             row = tile + i // BLOCK_G
-            heads = kv * GROUPS + i % BLOCK_G
             part = (row * num_heads + heads) * SPLITS + split
-            live = (row < end) & (i % BLOCK_G < GROUPS)
+            live = (row < end) & in_group
             tl.store(m_ptr + part, tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32), mask=live)
             tl.store(l_ptr + part, tl.zeros([BLOCK_R * BLOCK_G], tl.float32), mask=live)
             first = end  # (no run left to read)
@@ -127,8 +128,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         slot = tl.sum(tl.where(r == first, slots, 0))
         stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
         row = first + i // BLOCK_G
-        heads = kv * GROUPS + i % BLOCK_G
-        live = (row < stop) & (i % BLOCK_G < GROUPS)
+        live = (row < stop) & in_group
         lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
         hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
         start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
