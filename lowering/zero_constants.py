@@ -19,8 +19,8 @@ instead. So a program exported this way (`lowering.zero_constants: true`) loads 
 runtime with that patch; any other refuses it at load ("data is null"), it does not run
 with wrong values. It also needs a torch whose `load_constants` keeps its blob offsets in
 step past a zero-size constant (torch 2.13's does, since pytorch PR #172748 of January 2026;
-torch 2.11's, which the H200 exports with, is not checked yet): the compiled library comes
-from the torch that exports.
+torch 2.11's, which the GPU machine exports with, ran token-identical with 10 zero buffers:
+benchmarks/HISTORY.md, session 54): the compiled library comes from the torch that exports.
 """
 
 import contextlib
