@@ -23,11 +23,14 @@ def _fmax(self, lhs, rhs):
     return self.binary_op(lhs, rhs, np.fmax)
 
 
+_GPU_OPS = {"create_minnumf": _fmin, "create_maxnumf": _fmax}  # the interpreter's builder methods -> sm_90's
+
+
 def patch(monkeypatch) -> None:
-    monkeypatch.setattr(InterpreterBuilder, "create_minnumf", _fmin)
-    monkeypatch.setattr(InterpreterBuilder, "create_maxnumf", _fmax)
+    for name, op in _GPU_OPS.items():
+        monkeypatch.setattr(InterpreterBuilder, name, op)
 
 
 def install() -> None:
-    InterpreterBuilder.create_minnumf = _fmin
-    InterpreterBuilder.create_maxnumf = _fmax
+    for name, op in _GPU_OPS.items():
+        setattr(InterpreterBuilder, name, op)
