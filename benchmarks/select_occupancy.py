@@ -14,8 +14,12 @@ run against the floor, each variant in a process of its own (its kernels compile
 The variants patch the launcher in their process (`wrap_triton` of `verify_filtered_kernel`); the
 kernels' code is the package's. Cases: row kind x mode of `export/cases.py` at 64 owners x 16 rows,
 V = 151936, bf16, and mixed batches ("mixed N": the first N owners T 1 with top-p 0.95, the rest
-greedy). A variant that wins is a launch option to carry into the heads (AOTInductor must keep it:
-not checked here).
+greedy). A variant that wins is a launch option to carry into the heads, which AOTInductor must
+keep: `num_warps` (`w4`) it does. `maxnreg` (`rN`), by torch 2.13's source, it would not: Inductor
+writes a user kernel's launch configs through `config_to_dict` (`define_user_defined_triton_kernel`
+in `_inductor/codegen/wrapper.py`), which keeps their kwargs, num_warps and num_stages only, and
+`maxnreg` is not among the launch options `wrap_triton` moves into a config (not run: an `rN` win
+needs that path made to work first).
 
     python benchmarks/select_occupancy.py [--variants base,r128,g1-r80] [--quick]
     (scripts/gpu-checks.sh occupancy)
