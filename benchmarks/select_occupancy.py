@@ -8,7 +8,9 @@ run against the floor, each variant in a process of its own (its kernels compile
 - `base`: as the heads launch them;
 - `rN`: `maxnreg=N` on the begin and rounds launches (N = 128: 2 programs an SM at 8 warps; 80: 3;
   64: 4; ptxas spills what does not fit);
-- `gN`: N rows a program (`verify.GROUP`; 1: a program a row, more programs, more waves);
+- `gN`: N rows a program (`verify.GROUP`; 1: a program a row, more programs, more waves). At
+  GROUP 8, 1024 rows make 128 programs, under one an SM: `rN` and `w4` share an SM between two
+  programs only with `g4` or less;
 - `w4`: 4 warps; combined with `-`, e.g. `g1-r80`.
 
 The variants patch the launcher in their process (`wrap_triton` of `verify_filtered_kernel`); the
@@ -36,7 +38,7 @@ CASES = (("flat", "top-p 0.9"), ("power-law", "top-p 0.95"), ("peaked", "top-p 0
          ("peaked", "temperature 1.0"), ("peaked", "greedy"), ("flat", "mixed 1"), ("flat", "mixed 8"))
 QUICK = (("flat", "top-p 0.9"), ("nan/-inf", "top-k 1000 + top-p 0.95"), ("peaked", "temperature 1.0"),
          ("flat", "mixed 8"))
-VARIANTS = "base,r128,g1-r128,g1-r80,g1-r64"
+VARIANTS = "base,g4,g4-r128,g4-w4,g1-r80"  # (g4: 256 programs for 1024 rows, room for 2 an SM)
 COPIES = 4  # rotating inputs per case (311 MB each at bf16)
 
 
