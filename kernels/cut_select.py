@@ -46,9 +46,11 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 Nothing is sorted: each order statistic a round needs (the cut in a list, the estimate's
 points, step 7's index) is the largest code whose sum from the top reaches a goal, found by
 binary lifting over the tokens' codes (`_codes`: key code, then index, in as few bits as the
-list spans; the sample's points: key code, then slot) with one block-wide reduction a bit
-(`_descend`: ~20-35 steps at V = 151936 in bfloat16; a 4096-entry sort cost several times that:
-benchmarks/RESULTS.md; the estimate's four ranks share each bit's reduction: `_descend_ranks`).
+list spans) with one block-wide reduction a bit (`_descend`: ~20-35 steps at V = 151936 in
+bfloat16; a 4096-entry sort cost several times that: benchmarks/RESULTS.md). The sample's points
+need the key code's bits only (~16 in bfloat16): they are in index order by slot, so the place
+among one key's points is a count or one scan (`_estimate`, `_within_key`); the estimate's four
+ranks share each bit's reduction (`_descend_ranks`).
 The search's state lives in the row's scratch record between rounds and launches (`scratch`:
 the region, the goal, the list, the cut, the stage), the list is read from scratch where it is
 used, so little is live across a descent, and the launches compile for sm_90 without a stack
@@ -256,33 +258,39 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max, scale,
               rate, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """The 4 thresholds of a bracket pass, descending, from the region's sample points (pts, in no
-    order; n_pts of them): the points `half` and GUARD x `half` places either side of the point
-    where the estimated count or mass from the top reaches the goal (the region's ends past the
-    points), found by `_descend` and the four places' points by `_descend_ranks` (no sort). While
-    no pass has counted the region's bottom, the low guard is the bottom itself (a count of the
-    row's finite tokens)."""
+    order of key; in index order by slot; n_pts of them): the points `half` and GUARD x `half`
+    places either side of the point where the estimated count or mass from the top reaches the
+    goal (the region's ends past the points). No sort: each place is found by a descent over the
+    points' key codes (`_descend`, `_descend_ranks`: as many steps as the region's keys span, not
+    the slot's bits too), then within that key's points, which are in SPEC.md's order by slot, by
+    one scan (`_within_key`). While no pass has counted the region's bottom, the low guard is the
+    bottom itself (a count of the row's finite tokens)."""
     # tokens per point: exact over the region's points, else (the region reaches the row's
     # end, whose finite count no pass has counted yet) the sample's rate V / LIST
     per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
-    # the points as codes in SPEC.md's order: the key code above the slot (the sample is in index
-    # order: ties by index); int32 for 16-bit dtypes (float16's codes span under 2^19, LIST 2^12 slots:
-    # 31 bits), int64 for float32
+    # the points' key codes, above 0 for none: unsigned 32-bit (float32 keys span under 2^32 - 1)
     real = pts != INT64_MIN
-    k = _key_codes(pts, KEY_SHIFT)[0]
-    slot_bits = _bit_length(tl.zeros((), dtype=tl.int64) + (LIST - 1))
-    codes = tl.where(real, (k << slot_bits) | (LIST - 1 - tl.arange(0, LIST)), -1)
-    if KEY_SHIFT != 0:
-        codes = codes.to(tl.int32)
-    nbits = _bit_length(tl.max(codes, 0).to(tl.int64))
+    k = tl.where(real, _key_codes(pts, KEY_SHIFT)[0] + 1, 0).to(tl.uint32)
+    nbits = _bit_length(tl.max(k, 0).to(tl.int64))
     if by_mass:
         # each point stands for per_point tokens of its weight; the region's mass that misses
         # (heavy tokens between the points) is put at its top, where they are
         e = weights32(pts, x_max, scale) * per_point.to(tl.float32)
         points_mass = tl.sum(e.to(tl.float64), 0)
         carry = m_top + ((m_bot - m_top) - points_mass)
-        x = _descend(codes, e, carry, goal, nbits, False)
-        j = tl.where(carry + points_mass >= goal, tl.sum((codes > x.to(codes.dtype)).to(tl.int64), 0), n_pts)  # (the
-        # points whose sum from the top, themselves included, is still short of the goal)
+        x, above = _descend(k, e, carry, goal, nbits, False)  # the key of the point that reaches the goal
+        x = x.to(k.dtype)
+        # the points whose sum from the top, themselves included, is still short of it: those of
+        # higher keys, then the first of that key's points, which weigh the same (c of them: c
+        # times the weight, exact in float64)
+        same = k == x
+        e_x = tl.max(tl.where(same, e, 0.0), 0).to(tl.float64)
+        n_same = tl.sum(same.to(tl.int64), 0)
+        c = tl.minimum(tl.maximum((goal - above) / tl.where(e_x > 0, e_x, 1.0), -1.0), LIST + 1.0).to(tl.int64)
+        c = tl.where(above + c.to(tl.float64) * e_x < goal, c, c - 1)  # (the quotient's rounding: one either way)
+        c = tl.where(above + (c + 1).to(tl.float64) * e_x < goal, c + 1, c)
+        short = tl.where(e_x > 0, tl.minimum(tl.maximum(c, 0), n_same), n_same)
+        j = tl.where(carry + points_mass >= goal, tl.sum((k > x).to(tl.int64), 0) + short, n_pts)
     else:
         i = tl.arange(0, LIST)
         j = tl.sum(((i < n_pts) & (c_top.to(tl.float64) + (i + 1).to(tl.float64) * per_point < goal)).to(tl.int64), 0)
@@ -290,12 +298,33 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     half = tl.maximum((1.0 / per_point * (FILL * LIST / 2)).to(tl.int64), 1)
     q = tl.arange(0, 4)
     at = j + tl.where(q == 0, -GUARD * half, tl.where(q == 1, -half, tl.where(q == 2, half, GUARD * half)))
-    # the points at those places, by rank (the codes are distinct: the (a + 1)-th largest), the four
-    # found side by side (`_descend_ranks`); a place outside the points takes the region's end below
-    rank = _descend_ranks(codes, tl.minimum(tl.maximum(at, 0), n_pts - 1) + 1, nbits)
-    picked = tl.load(list_ptr + (LIST - 1 - (rank & (LIST - 1))))
+    # the points at those places (the (a + 1)-th from the top), the four found side by side; a
+    # place outside the points takes the region's end below
+    slot = _within_key(k, tl.minimum(tl.maximum(at, 0), n_pts - 1) + 1, nbits)
+    picked = tl.load(list_ptr + slot)
     t = tl.where(at < 0, top, tl.where(at >= n_pts, bot, picked))
     return tl.where((q == 3) & ~exact_bot, bot, t)
+
+
+@triton.jit
+def _within_key(k, ranks, nbits):
+    """The slots of the points of given ranks from the top ([G] int64, each 1 to the points'
+    count), the points in SPEC.md's order: key code k descending ([N] unsigned, 0 for none and
+    above 0 for a point), then slot ascending (the sample is in index order). The key of each by
+    `_descend_ranks` (nbits steps), then its place among that key's points by one scan along the
+    slots a rank."""
+    x, n_above = _descend_ranks(k, ranks, nbits)
+    x = x.to(k.dtype)
+    want = ranks - n_above  # (the place among that key's points)
+    G: tl.constexpr = ranks.shape[0]
+    g = tl.arange(0, G)
+    slots = tl.zeros((G,), dtype=tl.int32)
+    for q in tl.static_range(G):  # (one goal at a time: a [G, N] scan's registers spill)
+        x_q = tl.sum(tl.where(g == q, x, 0), 0)
+        seen = tl.cumsum((k == x_q).to(tl.int32), 0)  # that key's points up to each slot
+        before = tl.sum((seen < tl.sum(tl.where(g == q, want, 0), 0)).to(tl.int32), 0)  # (slots before the wanted one)
+        slots = tl.where(g == q, before, slots)
+    return slots
 
 
 @triton.jit
@@ -377,7 +406,7 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
     last = tl.max(tl.where(e > 0, index, -1), 0)
     total = tl.sum(e, 0)
     t = u.to(tl.float64) * total
-    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)
+    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)[0]
     return tl.where(total > t, i_max - x, last)
 
 
@@ -409,30 +438,40 @@ def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr):
     reaching the goal (>=; > with STRICT; float64 sums), by binary lifting: nbits steps of one
     block-wide reduction each ([N] int64 or int32 codes, -1 for no entry; [N] float32 or float64
     w: float64 where the registers allow, as no step widens them then). 0 where no x > 0 reaches
-    it: the caller checks x = 0 (every entry) itself. Counts: `_descend_ranks`."""
+    it: the caller checks x = 0 (every entry) itself. Counts: `_descend_ranks`.
+    Returns (x, base plus the weights of the entries of code > x): the sum at the last candidate
+    turned down, which is x + 1 (each later candidate is lower; the bits below it all taken); base
+    where none was."""
     x = tl.zeros((), dtype=tl.int64)
+    above = base
     for i in range(0, nbits):
         cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
         s = base + tl.sum(tl.where(codes >= cand.to(codes.dtype), w, 0.0).to(tl.float64), 0)
         if STRICT:
-            x = tl.where(s > goal, cand, x)
+            take = s > goal
         else:
-            x = tl.where(s >= goal, cand, x)
-    return x
+            take = s >= goal
+        x = tl.where(take, cand, x)
+        above = tl.where(take, above, s)
+    return x, above
 
 
 @triton.jit
 def _descend_ranks(codes, goals, nbits):
     """`_descend` counting (each entry weighs 1, base 0) for several goals at once ([G] int64, each
     >= 1): for each, the largest x in [0, 2^nbits) with at least that many entries of code >= x
-    ([G] int64). One block-wide reduction a bit for all of them (a [G, N] sum along N): about the
-    instructions of G descents one after the other, one reduction waited on a bit instead of G."""
+    ([G] int64), and the entries of code > x ([G] int32; as `_descend`'s sum above). One block-wide
+    reduction a bit for all of them (a [G, N] sum along N): about the instructions of G descents one
+    after the other, one reduction waited on a bit instead of G."""
     x = tl.zeros(goals.shape, dtype=tl.int64)
+    above = tl.zeros(goals.shape, dtype=tl.int32)
     for i in range(0, nbits):
         cand = x + (tl.full((), 1, tl.int64) << (nbits - 1 - i))  # (x's bit there is 0)
         n = tl.sum((codes[None, :] >= cand.to(codes.dtype)[:, None]).to(tl.int32), 1)
-        x = tl.where(n >= goals, cand, x)
-    return x
+        take = n >= goals
+        x = tl.where(take, cand, x)
+        above = tl.where(take, above, n)
+    return x, above
 
 
 @triton.jit
@@ -479,7 +518,7 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     codes, nbits, k_min, index_bits, i_max = _codes(vals, KEY_SHIFT)
     w = tl.where(by_mass, packed_weights(vals, x_max, scale), (codes >= 0).to(tl.float64))
     base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
-    x = _descend(codes, w, base, goal, nbits, False)  # (0 where every token is kept: at most the lowest code)
+    x = _descend(codes, w, base, goal, nbits, False)[0]  # (0 where every token is kept: at most the lowest code)
     at = tl.min(tl.where(codes >= x, codes, INT64_MAX), 0)
     at = tl.where(base >= goal, tl.max(codes, 0), at)  # (none kept but, for top-p, the first: see `_holds_cut`)
     cut = _token_of(at, k_min, index_bits, i_max, KEY_SHIFT)

@@ -305,6 +305,80 @@ def test_the_list_cut_is_spec_orders_on_ties_and_wide_keys():
 
 
 @triton.jit
+def _estimate_kernel(list_ptr, out_ptr, top, c_top, m_top, bot, c_bot, m_bot, exact_bot, goal, by_mass, x_max,
+                     temperature, rate, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
+    zero = tl.zeros((), dtype=tl.int64)
+    f32 = tl.zeros((), dtype=tl.float32)
+    f64 = zero.to(tl.float64)
+    pts = cut_select.listed_entries(list_ptr, LIST, zero + bot, zero + top, LIST)
+    n_pts = tl.sum((pts != INT64_MIN).to(tl.int64), 0)
+    t = cut_select._estimate(list_ptr, pts, n_pts, zero + top, zero + c_top, f64 + m_top, zero + bot, zero + c_bot,
+                             f64 + m_bot, (zero + exact_bot) != 0, f64 + goal, (zero + by_mass) != 0, f32 + x_max,
+                             weight_scale(f32 + temperature), f64 + rate, LIST, KEY_SHIFT)
+    tl.store(out_ptr + tl.arange(0, 4), t)
+
+
+def _estimate(sample, top, bot, c_top, c_bot, m_top, m_bot, exact, goal, by_mass, x_max, temperature, rate,
+              key_shift):
+    out = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    _estimate_kernel[(1,)](sample.to(DEVICE), out, top, c_top, m_top, bot, c_bot, m_bot, int(exact), goal,
+                           int(by_mass), x_max, temperature, rate, LIST=sample.numel(), KEY_SHIFT=key_shift)
+    return out.cpu().tolist()
+
+
+def test_the_estimate_takes_the_points_at_their_ranks_in_spec_order():
+    """`_estimate`'s 4 thresholds against a plain sort: the sample's points in the region (slots in
+    index order, some empty, some outside it), ranked in SPEC.md's order (key descending, ties by
+    index: many ties in bfloat16 and float16, float32 keys spanning more than 2^31), the place where
+    the count or the mass from the top (the missed mass at the top) reaches the goal, and the points
+    `half` and GUARD x `half` places either side of it; the region's ends past the points."""
+    g = torch.Generator().manual_seed(92)
+    n = 64
+    index = torch.sort(torch.randperm(5000, generator=g)[:n]).values  # (the sample: index order)
+    ties = (torch.randn(n, generator=g) * 2).round().bfloat16().float()
+    half = (torch.randn(n, generator=g) * 3).round().half().float()
+    wide = torch.randn(n, generator=g) * 10.0
+    wide[:4] = torch.tensor([-3.0e38, 3.0e38, -1e-30, 1e-30])  # (key codes over 2^31 apart)
+    fill, guard = cut_select.FILL.value, cut_select.GUARD.value
+    for values, key_shift, temperature in ((ties, 16, 1.3), (half, 13, 2.0), (wide, 0, 30.0)):
+        packed = _packed(values, index)
+        order = packed.sort(descending=True).values
+        for top, bot in ((2**63 - 1, -2**63), (int(order[3]), int(order[-6]))):
+            sample = packed.clone()
+            sample[torch.randperm(n, generator=g)[:5]] = -2**63  # (slots without a point)
+            inside = (sample > bot) & (sample <= top) & (sample != -2**63)
+            pts = sample[inside]
+            ranked = pts.sort(descending=True).values
+            n_pts = pts.numel()
+            value_of = {int(p): float(v) for p, v in zip(packed, values)}
+            for exact, by_mass in ((False, False), (True, False), (False, True), (True, True)):
+                c_top, rate = 10, 8.0
+                c_bot = c_top + 8 * n_pts + 3 if exact else 5000
+                per_point = (c_bot - c_top) / n_pts if exact else rate
+                x_max = float(values.clamp(max=3.0e38).max())
+                w = torch.tensor([value_of[int(p)] for p in ranked], dtype=torch.float32)
+                w = (torch.exp2((w - x_max) * (1.4426950408889634 / temperature)) * per_point).double()
+                m_top, m_bot = 0.5, 0.5 + float(w.sum()) + 7.0  # (7.0 missed by the points: at the top)
+                sums = m_top + 7.0 + torch.cumsum(w, 0)
+                for at in (0, n_pts // 3, n_pts - 2):
+                    if by_mass:
+                        goal = float(sums[at]) - 0.5 * float(w[at]) if w[at] > 0 else float(sums[at])
+                        j = int((sums < goal).sum())
+                    else:
+                        goal = c_top + (at + 0.5) * per_point
+                        j = int(((c_top + (torch.arange(n_pts) + 1) * per_point) < goal).sum())
+                    j = min(j, n_pts - 1)
+                    step = max(int(1.0 / per_point * (fill * n / 2)), 1)
+                    want = []
+                    for q, a in enumerate((j - guard * step, j - step, j + step, j + guard * step)):
+                        t = top if a < 0 else bot if a >= n_pts else int(ranked[a])
+                        want.append(bot if q == 3 and not exact else t)
+                    got = _estimate(sample, top, bot, c_top, c_bot, m_top, m_bot, exact, goal, by_mass, x_max,
+                                    temperature, rate, key_shift)
+                    assert got == want, (key_shift, top, exact, by_mass, at)
+
+
+@triton.jit
 def _list_round_kernel(list_ptr, stats_ptr, out_ptr, top_p, x_max, temperature, LIST: tl.constexpr):
     f32 = tl.zeros((), dtype=tl.float32)  # (the scalars as the heads load them)
     done = cut_select._list_round(list_ptr, stats_ptr, tl.program_id(0) >= 0, f32 + top_p, f32 + x_max,
