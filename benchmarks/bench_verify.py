@@ -25,7 +25,8 @@ the L2, so that the timings measure HBM, not the cache. --breakdown adds
 each fused op's per-kernel times (torch.profiler, over the same rotating inputs) at 64 owners,
 V = 151936; --per-input times each rotating input of the headline sampling cases alone (a
 launch waits for its slowest row: which input holds it). --once MODE only calls the op on
-that case (a target for ncu / nsys).
+that case (a target for ncu / nsys). --empty-launches times an all-greedy dflash_verify call with
+each launch that has nothing to do in it dropped in turn (`empty_launches`).
 """
 
 import argparse
@@ -308,6 +309,69 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
         say(f"| {what} | {x:.2f}x | {mode}, {kind} | <= {target}x {'met' if x <= target else 'NOT met'} |")
 
 
+def _dropping(wrap, drop):
+    """`verify.wrap_triton` that skips the launches `drop(kernel, options)` picks."""
+    def wrapped(kernel):
+        grids = wrap(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                run = grids[grid]
+                return lambda *args, **options: None if drop(kernel, options) else run(*args, **options)
+        return Grid()
+    return wrapped
+
+
+def empty_launches(say, bw: float) -> dict:
+    """An all-greedy dflash_verify call at KINDS_SHAPE (peaked bf16 rows), then the same with the
+    launches that have nothing to do in it (the FILTERED row launch, the select's four) dropped
+    in turn and all together, by a patched launcher (graph-captured); the argmax op and one
+    torch.amax read beside them: what the top-k / top-p path costs a batch without such rows
+    (issue #25's greedy target). Returns {case: us}."""
+    from dflash_et.kernels import verify
+    from dflash_et.kernels.cut_select import SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH
+
+    owners, vocab = KINDS_SHAPE
+    rows = owners * ROWS_PER_OWNER
+    floor_ms = rows * vocab * 2 / bw * 1e3
+    copies = max(MIN_COPIES, math.ceil(ROTATE_BYTES / (rows * vocab * 2)))
+    g = torch.Generator(device=DEVICE).manual_seed(57)
+    greedy = cases.kind_modes(vocab)["greedy"]
+    argsets = [[c[k] for k in KEYS] for c in (verify_inputs(
+        g, cases.kind_logits(g, "peaked", rows, vocab, torch.bfloat16), owners, greedy) for _ in range(copies))]
+
+    def stage(value):
+        return lambda kernel, options: kernel is verify.verify_filtered_kernel and options.get("STAGE") == value
+
+    def filtered(kernel, options):
+        return kernel is verify.verify_rows_kernel and options.get("FILTERED") is True
+
+    drops = {"the FILTERED row launch": filtered, "the select's begin": stage(SELECT_BEGIN.value),
+             "the select's pass": stage(SELECT_PASS.value), "the select's rounds": stage(SELECT_ROUNDS.value),
+             "the select's search": stage(SELECT_SEARCH.value),
+             "the select's four": lambda kernel, options: kernel is verify.verify_filtered_kernel,
+             "all five": lambda kernel, options: filtered(kernel, options) or kernel is verify.verify_filtered_kernel}
+    say()
+    say(f"dflash_verify on {owners} x {ROWS_PER_OWNER} greedy rows (peaked, V = {vocab}, bfloat16), each launch with "
+        f"nothing to do dropped (x floor, {floor_ms * 1e3:.0f} us)")
+    say()
+    say("| launches | us | x floor |")
+    say("|---|---|---|")
+    got = {}
+    wrap = verify.wrap_triton
+    try:
+        for name, drop in [("every launch", None), *((f"without {k}", d) for k, d in drops.items())]:
+            verify.wrap_triton = wrap if drop is None else _dropping(wrap, drop)
+            got[name] = graph_ms(torch.ops.dflash.dflash_verify, argsets) * 1e3
+    finally:
+        verify.wrap_triton = wrap
+    got["dflash_verify_argmax"] = graph_ms(lambda *a: torch.ops.dflash.dflash_verify_argmax(*a[:3]), argsets) * 1e3
+    got["one torch.amax read"] = graph_ms(lambda *a: torch.amax(a[0], -1), argsets) * 1e3
+    for name, us in got.items():
+        say(f"| {name} | {us:.1f} | {us / (floor_ms * 1e3):.2f} |")
+    return got
+
+
 def call_once(mode: str, owners: int = 64, flat: bool = False, calls: int = 5) -> int:
     """--once: the headline case of one mode (64 owners x 16 rows, V = 151936, bf16), called
     a few times and nothing else: a target for ncu / nsys."""
@@ -338,6 +402,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", action="store_true",
                     help="only the row-kind table (issue #25): dflash_verify and sample_rows on every row kind under "
                          "every mode, the worst case per mode, against the targets")
+    ap.add_argument("--empty-launches", action="store_true",
+                    help="only the all-greedy dflash_verify call with each launch that has nothing to do dropped "
+                         "in turn (what the top-k / top-p path costs a batch without such rows)")
     ap.add_argument("--per-input", action="store_true",
                     help="also time each rotating input of the headline sampling cases alone, with its per-kernel "
                          "times (a launch waits for its slowest row: which input holds it)")
@@ -368,6 +435,12 @@ def main(argv=None) -> int:
     say(f"  them, no Python launch overhead; >= {GRAPH_CALLS} calls per graph, which shares the graph's own")
     say("  launch among them); launched us: the same op called from Python (do_bench)")
     say()
+    if args.empty_launches:
+        empty_launches(say, bw)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
+        return 0
     if args.kinds:
         kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32], args.breakdown)
         if args.out:

@@ -22,7 +22,8 @@
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
 #                                   Compute (64 greedy owners, 17 new tokens: a step of 16 rows each), grouped by kind ($OUT/PROFILE.md)
-#   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/)
+#   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/); its options pass
+#                                   through: --kinds --quick (issue #25's table), --empty-launches, --breakdown
 #   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
 #                                   and peaked top-p rows and temperature rows ($OUT/LAUNCHES.md)
 #   scripts/gpu-checks.sh stalls    where the sample select's launches stall: Nsight Compute's PC sampling per

@@ -80,3 +80,55 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
     assert len(broken_down) == len(cases.kind_modes(64))  # one cell a mode: its worst kind
     assert ("power-law", 0.99) in broken_down
     assert "- top-p 0.99, power-law: verify_filtered_kernel 12.5, verify_rows_kernel 3.0" in lines
+
+
+def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_changes(monkeypatch):
+    """bench_verify.py --empty-launches on the CPU (timing replaced): each variant drops exactly the
+    launches it names, the rest run, and the all-greedy call's tokens are the same without them (the
+    launches had nothing to do); the table has a row per variant and the two references."""
+    from dflash_et.kernels import verify
+
+    launched, results = [], {}
+    real_wrap = verify.wrap_triton
+
+    def counting(kernel):  # (under the benchmark's patch: records the launches it lets through)
+        grids = real_wrap(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                run = grids[grid]
+
+                def call(*args, **options):
+                    launched[-1].append((kernel.__name__, options.get("FILTERED"), options.get("STAGE")))
+                    return run(*args, **options)
+                return call
+        return Grid()
+
+    def fake_graph_ms(fn, argsets):
+        launched.append([])
+        out = fn(*argsets[0])
+        results[len(launched)] = [t.tolist() for t in out] if isinstance(out, tuple) else out.tolist()
+        return 1.0
+
+    monkeypatch.setattr(verify, "wrap_triton", counting)
+    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
+    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
+    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    lines = []
+    got = bench_verify.empty_launches(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3)  # floor: 1 ms
+    assert verify.wrap_triton is counting  # (restored)
+    every = {("verify_rows_kernel", False, None), ("verify_rows_kernel", True, None),
+             ("verify_accept_kernel", None, None), *(("verify_filtered_kernel", None, s) for s in range(4))}
+    assert set(launched[0]) == every and len(launched[0]) == 7
+    dropped = [every - set(calls) for calls in launched[1:8]]
+    assert dropped == [{("verify_rows_kernel", True, None)}, *({("verify_filtered_kernel", None, s)} for s in
+                                                                (0, 2, 1, 3)),
+                       {("verify_filtered_kernel", None, s) for s in range(4)},
+                       {("verify_rows_kernel", True, None), *(("verify_filtered_kernel", None, s) for s in range(4))}]
+    assert all(results[i] == results[1] for i in range(2, 9))  # (the same accepted counts and tokens)
+    assert list(got) == ["every launch", "without the FILTERED row launch", "without the select's begin",
+                         "without the select's pass", "without the select's rounds", "without the select's search",
+                         "without the select's four", "without all five", "dflash_verify_argmax",
+                         "one torch.amax read"]
+    assert [x for x in lines if x.startswith("| without all five |")] == ["| without all five | 1000.0 | 1.00 |"]
