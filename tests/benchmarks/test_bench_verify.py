@@ -15,6 +15,14 @@ import bench_verify  # noqa: E402
 from dflash_et.export import cases  # noqa: E402
 
 
+def _on_the_cpu(monkeypatch, fake_graph_ms):
+    """The benchmark's tables at 2 owners x 16 rows of V = 64 on the CPU, timed by fake_graph_ms."""
+    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
+    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
+    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+
+
 def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
     timed, made = [], []
     real_kind_logits = cases.kind_logits
@@ -30,10 +38,7 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
         return 3.0 if slow else 1.0
 
     monkeypatch.setattr(cases, "kind_logits", kind_logits)
-    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
-    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
-    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
-    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    _on_the_cpu(monkeypatch, fake_graph_ms)
     lines = []
     bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16])  # floor: 1 ms
     modes, kinds = cases.kind_modes(64), list(cases.ROW_KINDS)
@@ -69,10 +74,7 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
         return [("verify_filtered_kernel", 12.5), ("verify_rows_kernel", 3.0)]
 
     monkeypatch.setattr(cases, "kind_logits", kind_logits)
-    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
-    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
-    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
-    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    _on_the_cpu(monkeypatch, fake_graph_ms)
     monkeypatch.setattr(bench_verify, "breakdown", fake_breakdown)
     lines = []
     bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16],
@@ -111,10 +113,7 @@ def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_change
         return 1.0
 
     monkeypatch.setattr(verify, "wrap_triton", counting)
-    monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
-    monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
-    monkeypatch.setattr(bench_verify, "ROTATE_BYTES", 0)
-    monkeypatch.setattr(bench_verify, "graph_ms", fake_graph_ms)
+    _on_the_cpu(monkeypatch, fake_graph_ms)
     lines = []
     got = bench_verify.empty_launches(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3)  # floor: 1 ms
     assert verify.wrap_triton is counting  # (restored)
