@@ -436,7 +436,8 @@ def _bit_length(x):
 def _descend(codes, w, base, goal, nbits, STRICT: tl.constexpr):
     """The largest x in [0, 2^nbits) with base plus the weights w of the entries of code >= x
     reaching the goal (>=; > with STRICT; float64 sums), by binary lifting: nbits steps of one
-    block-wide reduction each ([N] int64 or int32 codes, -1 for no entry; [N] float32 or float64
+    block-wide reduction each ([N] int64 or int32 codes, -1 for no entry, or uint32 ones, 0 for
+    none and the entries above 0, as `_estimate`'s; [N] float32 or float64
     w: float64 where the registers allow, as no step widens them then). 0 where no x > 0 reaches
     it: the caller checks x = 0 (every entry) itself. Counts: `_descend_ranks`.
     Returns (x, base plus the weights of the entries of code > x): the sum at the last candidate
