@@ -309,15 +309,20 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
         say(f"| {what} | {x:.2f}x | {mode}, {kind} | <= {target}x {'met' if x <= target else 'NOT met'} |")
 
 
-def _dropping(wrap, drop):
-    """`verify.wrap_triton` that skips the launches `drop(kernel, options)` picks."""
+def launcher_with(wrap, edit):
+    """A `verify.wrap_triton` over `wrap` whose launches go through edit(kernel, options): the
+    launch options to run with, or None to skip the launch (the benchmarks' patched launchers)."""
     def wrapped(kernel):
         grids = wrap(kernel)
 
         class Grid:
             def __getitem__(self, grid):
                 run = grids[grid]
-                return lambda *args, **options: None if drop(kernel, options) else run(*args, **options)
+
+                def call(*args, **options):
+                    options = edit(kernel, options)
+                    return None if options is None else run(*args, **options)
+                return call
         return Grid()
     return wrapped
 
@@ -361,7 +366,8 @@ def empty_launches(say, bw: float) -> dict:
     wrap = verify.wrap_triton
     try:
         for name, drop in [("every launch", None), *((f"without {k}", d) for k, d in drops.items())]:
-            verify.wrap_triton = wrap if drop is None else _dropping(wrap, drop)
+            verify.wrap_triton = wrap if drop is None else launcher_with(
+                wrap, lambda kernel, options, drop=drop: None if drop(kernel, options) else options)
             got[name] = graph_ms(torch.ops.dflash.dflash_verify, argsets) * 1e3
     finally:
         verify.wrap_triton = wrap

@@ -64,31 +64,20 @@ def patch_launches(verify, group: int | None, options: dict) -> None:
     """`verify`'s begin and rounds launches of `verify_filtered_kernel` with `options`; GROUP rows a
     program (before the kernel's first compile: the kernel reads the module's GROUP)."""
     import triton.language as tl
+    from bench_verify import launcher_with
 
     from dflash_et.kernels.cut_select import SELECT_BEGIN, SELECT_ROUNDS
 
     if group is not None:
         verify.GROUP = tl.constexpr(group)
-    wrap = verify.wrap_triton
     stages = (SELECT_BEGIN.value, SELECT_ROUNDS.value)
 
-    def patched(kernel):
-        wrapped = wrap(kernel)
-        if kernel is not verify.verify_filtered_kernel or not options:
-            return wrapped
+    def edit(kernel, kwargs):
+        if kernel is verify.verify_filtered_kernel and kwargs.get("STAGE") in stages:
+            return {**kwargs, **options}
+        return kwargs
 
-        class Grid:
-            def __getitem__(self, grid):
-                run = wrapped[grid]
-
-                def call(*args, **kwargs):
-                    if kwargs.get("STAGE") in stages:
-                        kwargs = {**kwargs, **options}
-                    return run(*args, **kwargs)
-                return call
-        return Grid()
-
-    verify.wrap_triton = patched
+    verify.wrap_triton = launcher_with(verify.wrap_triton, edit)
 
 
 def time_variant(variant: str, cases) -> None:

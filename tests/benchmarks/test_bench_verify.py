@@ -93,18 +93,9 @@ def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_change
     launched, results = [], {}
     real_wrap = verify.wrap_triton
 
-    def counting(kernel):  # (under the benchmark's patch: records the launches it lets through)
-        grids = real_wrap(kernel)
-
-        class Grid:
-            def __getitem__(self, grid):
-                run = grids[grid]
-
-                def call(*args, **options):
-                    launched[-1].append((kernel.__name__, options.get("FILTERED"), options.get("STAGE")))
-                    return run(*args, **options)
-                return call
-        return Grid()
+    def counting(kernel, options):  # (under the benchmark's patch: records the launches it lets through)
+        launched[-1].append((kernel.__name__, options.get("FILTERED"), options.get("STAGE")))
+        return options
 
     def fake_graph_ms(fn, argsets):
         launched.append([])
@@ -112,11 +103,12 @@ def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_change
         results[len(launched)] = [t.tolist() for t in out] if isinstance(out, tuple) else out.tolist()
         return 1.0
 
-    monkeypatch.setattr(verify, "wrap_triton", counting)
+    counted = bench_verify.launcher_with(real_wrap, counting)
+    monkeypatch.setattr(verify, "wrap_triton", counted)
     _on_the_cpu(monkeypatch, fake_graph_ms)
     lines = []
     got = bench_verify.empty_launches(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3)  # floor: 1 ms
-    assert verify.wrap_triton is counting  # (restored)
+    assert verify.wrap_triton is counted  # (restored)
     every = {("verify_rows_kernel", False, None), ("verify_rows_kernel", True, None),
              ("verify_accept_kernel", None, None), *(("verify_filtered_kernel", None, s) for s in range(4))}
     assert set(launched[0]) == every and len(launched[0]) == 7

@@ -34,23 +34,16 @@ def _run(monkeypatch, variant):
     launches, tokens = [], []
     real = verify.wrap_triton
 
-    def spy(kernel):  # the heads' launcher, recording what the patched one passes on
-        wrapped = real(kernel)
-
-        class Grid:
-            def __getitem__(self, grid):
-                def call(*args, **kwargs):
-                    if kernel is verify.verify_filtered_kernel:
-                        launches.append((kwargs["STAGE"], kwargs.get("maxnreg")))
-                    return wrapped[grid](*args, **kwargs)
-                return call
-        return Grid()
+    def spy(kernel, kwargs):  # the heads' launcher, recording what the patched one passes on
+        if kernel is verify.verify_filtered_kernel:
+            launches.append((kwargs["STAGE"], kwargs.get("maxnreg")))
+        return kwargs
 
     def one_call(fn, argsets):
         tokens.append([t.clone() for t in fn(*argsets[0])])
         return 1.0
 
-    monkeypatch.setattr(verify, "wrap_triton", spy)
+    monkeypatch.setattr(verify, "wrap_triton", bench_verify.launcher_with(real, spy))
     monkeypatch.setattr(verify, "GROUP", verify.GROUP)  # (restored after the variant's change)
     monkeypatch.setattr(bench_verify, "DEVICE", "cpu")
     monkeypatch.setattr(bench_verify, "KINDS_SHAPE", (2, 64))
