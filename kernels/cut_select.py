@@ -262,9 +262,10 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     places either side of the point where the estimated count or mass from the top reaches the
     goal (the region's ends past the points). No sort: each place is found by a descent over the
     points' key codes (`_descend`, `_descend_ranks`: as many steps as the region's keys span, not
-    the slot's bits too), then within that key's points, which are in SPEC.md's order by slot, by
-    one scan (`_within_key`). While no pass has counted the region's bottom, the low guard is the
-    bottom itself (a count of the row's finite tokens)."""
+    the slot's bits too), then within that key's points, which are in SPEC.md's order by slot: by a
+    count for the mass (they weigh the same), by one scan a rank (`_within_key`). While no pass has
+    counted the region's bottom, the low guard is the bottom itself (a count of the row's finite
+    tokens)."""
     # tokens per point: exact over the region's points, else (the region reaches the row's
     # end, whose finite count no pass has counted yet) the sample's rate V / LIST
     per_point = tl.where(exact_bot, (c_bot - c_top).to(tl.float64) / tl.maximum(n_pts, 1).to(tl.float64), rate)
