@@ -84,6 +84,10 @@ def main(argv=None) -> int:
             ap.error("--smoke runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1")
         args.owners, args.rows, args.heads, args.kv_heads, args.head_dim = 3, 4, 4, 2, 16
         args.max_seq_len, device = [48, 96], "cpu"
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        import interpreter_dot  # (the interpreter multiplies bfloat16 tiles' bits: tests/interpreter_dot.py)
+
+        interpreter_dot.install()
     elif not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (or --smoke)")
     else:

@@ -17,6 +17,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     import fast_interpreter
 
     fast_interpreter.install()  # two of the interpreter's repeated costs, removed (fast_interpreter.py)
+    import interpreter_dot
+
+    interpreter_dot.install()  # bfloat16 tl.dot as the GPU computes it (interpreter_dot.py)
     if os.environ.get("DFLASH_GPU_MIN_MAX") == "1":
         import gpu_min_max
 
