@@ -29,10 +29,12 @@ the GPU idled at the end (1.63x the floor on the H100 at lengths up to 32k, agai
 pieces: benchmarks/RESULTS.md). A piece past every run of its tile stores empty partials
 without reading a cell.
 
-Everything is computed in float32: float32 caches multiply in IEEE float32; bfloat16 /
-float16 values are exact in TF32, so their products q k^T are exact and only the
-probabilities are rounded to TF32 for the second product (flash attention rounds them to
-the half type). The loads stay in the caches' type: the bytes read are the same.
+Sums in float32: float32 caches multiply in IEEE float32; bfloat16 / float16 q and K go to
+the MMA in their own type, whose products are exact in its float32 sums (q k^T as exact as
+from float32 copies), and the probabilities are rounded to the caches' type for the second
+product, as flash attention does. (Float32 copies of K and V through TF32, the form before,
+took ~250 registers against ~170 and ran 1.3x slower on the H200: benchmarks/RESULTS.md.)
+
 `lowering.fused_attention` swaps the target's `layers.CachedAttention` for this op.
 
 Supported domain (`supports`): float32 / bfloat16 / float16, q and caches of one dtype,
@@ -83,8 +85,7 @@ def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, ce
     return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
-                SPLITS=splits_for(cells), SPLIT_CELLS=SPLIT_CELLS,
-                PRECISION="ieee" if dtype == torch.float32 else "tf32"), 4
+                SPLITS=splits_for(cells), SPLIT_CELLS=SPLIT_CELLS), 4
 
 
 @triton.jit
@@ -92,7 +93,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
                             cells, scale, q_row, q_head, c_slot, c_cell, c_head,
                             GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr, PRECISION: tl.constexpr):
+                            SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr):
     """Program (tile, kv, split): piece `split` of the cells of each run of rows of one slot in
     the tile's BLOCK_R rows, for KV head kv. SPLITS 1: the output; else the piece's partial
     softmax (m, l, acc) for `combine_kernel`."""
@@ -102,6 +103,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     num_heads = GROUPS * tl.num_programs(1)
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
+    IEEE: tl.constexpr = k_ptr.dtype.element_ty == tl.float32  # float32 caches: IEEE float32 products
     r = tile + tl.arange(0, BLOCK_R)
     slots = tl.load(slot_ptr + r, mask=r < rows, other=-1)
     end = tl.minimum(tile + BLOCK_R, rows)
@@ -141,7 +143,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         finish = tl.minimum(end_at, begin + span)
         q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
         q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
-        q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0)
         base = slot * c_slot + kv * c_head
         m = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
@@ -150,9 +152,12 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
             n = start + tl.arange(0, BLOCK_N)
             at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
             kv_mask = (n < finish)[:, None] & (d < HEAD_DIM)[None, :]  # past the piece: zeros (no NaN from any cell)
-            k = tl.load(k_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + at, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            k = tl.load(k_ptr + at, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + at, mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:  # a half type's products are exact in the float32 sums
+                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
             sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None]) & (n < finish)[None, :]
             s = tl.where(sees, s * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -160,7 +165,10 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
             alpha = tl.exp(m - shift)
             p = tl.exp(s - shift[:, None])
             total = total * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:  # the probabilities rounded to the half type, as flash attention does
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
             m = m_new
         if SPLITS == 1:
             out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
