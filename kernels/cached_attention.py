@@ -20,14 +20,18 @@ run's rows x G query heads (at most QUERIES query vectors: one `tl.dot` operand)
 union of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own row's
 [lo, hi), with an online softmax (running max and sum, rescaled accumulator).
 
-Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, a run's union is cut into up to SPLITS
-(`splits_for`) pieces of whole blocks, at least SPLIT_CELLS cells each, one a program; each
-stores its partial softmax (max, sum, unnormalised accumulator: float32, [R, H, SPLITS]) and
-`combine_kernel` merges them per row, weighting each by exp(its max - the largest). Why: one
-program a run made the longest owner's cells one program's work, so at mixed lengths most of
-the GPU idled at the end (1.63x the floor on the H100 at lengths up to 32k, against 1.14x in
-pieces: benchmarks/RESULTS.md). A piece past every run of its tile stores empty partials
-without reading a cell.
+Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its runs' unions laid end
+to end (`_tile_work`), is cut into up to SPLITS (`splits_for`) pieces of whole blocks, at
+least SPLIT_CELLS cells each, one a program; a piece may begin and end inside a run. For
+each run, a program stores the partial softmax of the run's cells in its piece (max, sum,
+unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none), and
+`combine_kernel` merges them per row, weighting each by exp(its max - the largest). Why:
+one program a run made the longest owner's cells one program's work, so at mixed lengths
+most of the GPU idled at the end (1.63x the floor on the H100 at lengths up to 32k, against
+1.14x in pieces: benchmarks/RESULTS.md); and pieces cut run by run left the program of a
+tile of many short runs (decoding: a row an owner, 16 runs a tile) a piece of every run to
+read in turn, the first pieces of each run all on the same programs. A piece past the
+tile's work stores empty partials without reading a cell.
 
 Sums in float32: float32 caches multiply in IEEE float32; bfloat16 / float16 q and K go to
 the MMA in their own type, whose products are exact in its float32 sums (q k^T as exact as
@@ -54,7 +58,7 @@ MAX_HEAD_DIM = 256
 BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: lengths around it cover the block edges)
 MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
-SPLIT_CELLS = 1024  # cells a piece of a run at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
+SPLIT_CELLS = 1024  # cells a piece at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
 MAX_SPLITS = 16  # pieces a run at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
 COMBINE_WARPS = 2
 
@@ -89,14 +93,48 @@ def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, ce
 
 
 @triton.jit
+def _run(first, end, r, slots, lo_ptr, hi_ptr, i, in_group, cells, BLOCK_G: tl.constexpr):
+    """The run of rows of one slot from row `first` (< end): its slot, its end `stop`, each query
+    vector's row, liveness and interval [lo, hi), and the union of the intervals [start_at,
+    end_at) (end_at <= start_at: no cell)."""
+    slot = tl.sum(tl.where(r == first, slots, 0))
+    stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
+    row = first + i // BLOCK_G
+    live = (row < stop) & in_group
+    lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
+    hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+    start_at = tl.min(tl.where(hi > lo, lo, cells))
+    end_at = tl.max(hi)
+    return slot, stop, row, live, lo, hi, start_at, end_at
+
+
+@triton.jit
+def _tile_work(slot_ptr, lo_ptr, hi_ptr, tile, end, r, slots, cells):
+    """The cells of the tile's runs laid end to end: each run's union of intervals, as `_run`
+    finds it, summed (a [BLOCK_R, BLOCK_R] match of rows to runs: a loop over the runs here
+    took ~80 more registers in the whole kernel on sm_90)."""
+    valid = r < end
+    lo = tl.maximum(tl.load(lo_ptr + r, mask=valid, other=0), 0)
+    hi = tl.minimum(tl.load(hi_ptr + r, mask=valid, other=0), cells)
+    before = tl.load(slot_ptr + r - 1, mask=valid & (r > tile), other=-1)
+    starts = valid & ((r == tile) | (slots != before))  # a row that starts a run
+    run = tl.cumsum(starts.to(tl.int32), 0)
+    same = (run[:, None] == run[None, :]) & valid[None, :]
+    run_lo = tl.min(tl.where(same & (hi > lo)[None, :], lo[None, :], cells), 1)
+    run_hi = tl.max(tl.where(same, hi[None, :], 0), 1)
+    return tl.sum(tl.where(starts, tl.maximum(run_hi - run_lo, 0), 0))
+
+
+@triton.jit
 def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, rows,
                             cells, scale, q_row, q_head, c_slot, c_cell, c_head,
                             GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                             SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr):
-    """Program (tile, kv, split): piece `split` of the cells of each run of rows of one slot in
-    the tile's BLOCK_R rows, for KV head kv. SPLITS 1: the output; else the piece's partial
-    softmax (m, l, acc) for `combine_kernel`."""
+    """Program (tile, kv, split): for KV head kv, piece `split` of the tile's work (the cells of
+    each run of rows of one slot in its BLOCK_R rows, the runs laid end to end). SPLITS 1: the
+    output; else, for each run, the partial softmax (m, l, acc) of the run's cells in the
+    piece (none: empty) for `combine_kernel`."""
     tile = tl.program_id(0).to(tl.int64) * BLOCK_R
     kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -112,35 +150,32 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     heads = kv * GROUPS + i % BLOCK_G
     in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
     first = tile
+    piece_lo = tl.zeros((), dtype=tl.int64)  # this program's piece of the work laid end to end
+    piece_hi = piece_lo
     if SPLITS > 1:
-        # the cells any run of the tile sees lie in [lowest lo, highest hi) of its rows: a piece past them
-        # (most of them, at long max_seq_len and short runs) leaves its partials empty at once
-        tile_lo = tl.maximum(tl.load(lo_ptr + r, mask=r < end, other=0), 0)
-        tile_hi = tl.minimum(tl.load(hi_ptr + r, mask=r < end, other=0), cells)
-        seen = tile_hi > tile_lo
-        tile_span = tl.max(tl.where(seen, tile_hi, 0)) - tl.min(tl.where(seen, tile_lo, cells))
-        if split >= tl.maximum(tl.cdiv(tile_span, SPLIT_CELLS), 1):
+        work = _tile_work(slot_ptr, lo_ptr, hi_ptr, tile, end, r, slots, cells)
+        pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), SPLITS)
+        size = tl.cdiv(tl.cdiv(work, pieces), BLOCK_N) * BLOCK_N  # whole blocks, at least SPLIT_CELLS cells
+        piece_lo = split * size
+        piece_hi = piece_lo + size
+        if split >= pieces:  # past the work (most pieces, at long max_seq_len and short runs): empty partials
             row = tile + i // BLOCK_G
             part = (row * num_heads + heads) * SPLITS + split
             live = (row < end) & in_group
             tl.store(m_ptr + part, tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32), mask=live)
             tl.store(l_ptr + part, tl.zeros([BLOCK_R * BLOCK_G], tl.float32), mask=live)
             first = end  # (no run left to read)
+    laid = tl.zeros((), dtype=tl.int64)  # the work of the runs before this one
     while first < end:  # the runs of the tile: rows first .. stop - 1 of one slot
-        slot = tl.sum(tl.where(r == first, slots, 0))
-        stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
-        row = first + i // BLOCK_G
-        live = (row < stop) & in_group
-        lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
-        hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
-        start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
-        end_at = tl.max(hi)
-        # this program's piece of it: `used` pieces of whole blocks, at least SPLIT_CELLS cells each
-        span_all = tl.maximum(end_at - start_at, 0)
-        used = tl.minimum(tl.maximum(tl.cdiv(span_all, SPLIT_CELLS), 1), SPLITS)
-        span = tl.cdiv(tl.cdiv(span_all, used), BLOCK_N) * BLOCK_N
-        begin = start_at + split * span
-        finish = tl.minimum(end_at, begin + span)
+        slot, stop, row, live, lo, hi, start_at, end_at = _run(first, end, r, slots, lo_ptr, hi_ptr, i, in_group,
+                                                               cells, BLOCK_G)
+        begin = start_at
+        finish = end_at
+        if SPLITS > 1:  # the run's cells in this program's piece
+            span = tl.maximum(end_at - start_at, 0)
+            begin = start_at + tl.minimum(tl.maximum(piece_lo - laid, 0), span)
+            finish = start_at + tl.minimum(tl.maximum(piece_hi - laid, 0), span)
+            laid += span
         q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
         q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0)

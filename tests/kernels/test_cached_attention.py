@@ -103,6 +103,27 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
 
 
+def test_pieces_cut_a_tiles_runs_laid_end_to_end():
+    """A tile of decode rows (one row a slot in turn, so a run a row, each a long interval): its
+    runs' cells laid end to end and cut into pieces that begin and end inside runs; a tile of
+    one short run, most pieces past it (empty partials); a tile whose rows see no cell. Each
+    row still sees exactly its own cells."""
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    g = torch.Generator().manual_seed(6)
+    decode = torch.arange(block) % SLOTS
+    slot = torch.cat([decode, torch.zeros(block, dtype=torch.int64), torch.ones(3, dtype=torch.int64)])
+    position = torch.cat([torch.randint(CELLS // 2, CELLS, (block,), generator=g), torch.arange(block) % 3,
+                          torch.full((3,), -1)])
+    rows = slot.shape[0]
+    q = torch.randn(rows, HEADS, DIM, generator=g)
+    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    lo = torch.zeros_like(position)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
+    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+    assert (got[-3:] == 0).all()
+
+
 @pytest.mark.parametrize("heads,kv,dim", [(6, 2, 24), (5, 5, 16), (16, 2, 8)])
 def test_odd_head_layouts_pad_and_mask(heads, kv, dim):
     """3 query heads per KV head over a 24-wide head (both padded), no grouping (1 per KV
