@@ -59,7 +59,7 @@ BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: length
 MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
 SPLIT_CELLS = 1024  # cells a piece at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
-MAX_SPLITS = 16  # pieces a run at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
+MAX_SPLITS = 16  # pieces a tile's work at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
 COMBINE_WARPS = 2
 
 
