@@ -2,9 +2,10 @@
 
 A verify step's attention at Qwen3-like heads: `owners` owners x `rows` verify rows each (the
 rows of owner o at the last positions of its length L_o), every row seeing cells
-[0, position + 1) of its owner's slot, for several `max_seq_len` (the slots' size). Two
-series of lengths: fixed ones drawn from [128, 2048] (the same at every max_seq_len: the time
-must stay flat in it), and ones drawn from [128, max_seq_len].
+[0, position + 1) of its owner's slot, for several `max_seq_len` (the slots' size), and the
+same with one row an owner (a decoding step: target-only decoding, a tile of 16 one-row
+runs). Two series of lengths: fixed ones drawn from [128, 2048] (the same at every
+max_seq_len: the time must stay flat in it), and ones drawn from [128, max_seq_len].
 
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
 cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
@@ -13,7 +14,7 @@ bandwidth measured in the same run) and the ratio to it; the same op with every 
 largest error on two owners against float64; and the models' reference (gather of every
 row's whole slot + masked SDPA) where its gather fits in memory.
 
-    python benchmarks/bench_attention.py [--owners 64 --rows 16 --heads 16 --kv-heads 8
+    python benchmarks/bench_attention.py [--owners 64 --rows 16 1 --heads 16 --kv-heads 8
         --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--out attention.md]
     python benchmarks/bench_attention.py --smoke   (CPU, under TRITON_INTERPRET=1: tiny sizes,
         checks the script and the op against the reference; no timings)
@@ -69,7 +70,7 @@ def check_owners(case, lengths, rows) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--owners", type=int, default=64)
-    ap.add_argument("--rows", type=int, default=16, help="verify rows per owner")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 1], help="verify rows per owner (a series each)")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
             ap.error("--smoke runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1")
-        args.owners, args.rows, args.heads, args.kv_heads, args.head_dim = 3, 4, 4, 2, 16
+        args.owners, args.rows, args.heads, args.kv_heads, args.head_dim = 3, [4, 1], 4, 2, 16
         args.max_seq_len, device = [48, 96], "cpu"
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
         import interpreter_dot  # (the interpreter multiplies bfloat16 tiles' bits: tests/interpreter_dot.py)
@@ -100,30 +101,31 @@ def main(argv=None) -> int:
 
         lines += [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
                   f"python {platform.python_version()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s",
-                  f"{args.owners} owners x {args.rows} rows, {args.heads} heads / {args.kv_heads} KV heads x "
-                  f"{args.head_dim}, {args.dtype}", "",
-                  "| lengths | max_seq_len | pieces a run at most | sum L_o | op us | floor us | x floor | "
-                  "runs whole us | x floor | max error | reference us | x op |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"{args.owners} owners, {args.heads} heads / {args.kv_heads} KV heads x {args.head_dim}, "
+                  f"{args.dtype}", "",
+                  "| rows an owner | lengths | max_seq_len | pieces a tile at most | sum L_o | op us | floor us | "
+                  "x floor | runs whole us | x floor | max error | reference us | x op |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     g = torch.Generator(device=device).manual_seed(0)
-    short = max(args.rows, 128 if not args.smoke else 8)
+    short = max(*args.rows, 128 if not args.smoke else 8)
     fixed = torch.randint(short, 2048 if not args.smoke else 40, (args.owners,), generator=g, device=device)
-    for cells in args.max_seq_len:
+    for rows, cells in ((rows, cells) for rows in args.rows for cells in args.max_seq_len):
         for series, lengths in (("fixed", torch.clamp(fixed, max=cells)),
                                 ("to the limit", torch.randint(short, cells + 1, (args.owners,), generator=g,
                                                                device=device))):
-            case = step_case(g, args.owners, args.rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
+            case = step_case(g, args.owners, rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
                              dtype, device)
             op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
-            gathered = 2 * args.owners * args.rows * cells * args.kv_heads * args.head_dim * itemsize
+            gathered = 2 * args.owners * rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
                 torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
-                err = check_owners(case, lengths, args.rows)
-                print(f"smoke {series} max_seq_len {cells}: the op matches the reference (float64: {err:.1e})")
+                err = check_owners(case, lengths, rows)
+                print(f"smoke {rows} rows an owner, {series}, max_seq_len {cells}: the op matches the reference "
+                      f"(float64: {err:.1e})")
                 continue
             from triton.testing import do_bench
 
-            err = check_owners(case, lengths, args.rows)
+            err = check_owners(case, lengths, rows)
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             split_cells, ca.SPLIT_CELLS = ca.SPLIT_CELLS, 1 << 40  # every run whole, one program a run and KV head
             whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
@@ -132,8 +134,8 @@ def main(argv=None) -> int:
             ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
                       if gathered <= REFERENCE_BYTES else None)
             ref = f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None else "- (gather too large) | -"
-            lines.append(f"| {series} | {cells} | {ca.splits_for(cells)} | {int(lengths.sum())} | {op_ms * 1e3:.1f} | "
-                         f"{floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {whole_ms * 1e3:.1f} | "
+            lines.append(f"| {rows} | {series} | {cells} | {ca.splits_for(cells)} | {int(lengths.sum())} | "
+                         f"{op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {whole_ms * 1e3:.1f} | "
                          f"{whole_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
             del case
             torch.cuda.empty_cache()

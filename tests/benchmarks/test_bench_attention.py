@@ -1,6 +1,7 @@
 """bench_attention.py --smoke on the CPU: the benchmark's verify-step cases (owners' rows at
-the end of their lengths, fixed and up to the limit) through dflash::cached_attention under
-the interpreter, checked against the reference. A crash here would otherwise cost a GPU call."""
+the end of their lengths, fixed and up to the limit; several rows an owner, and one) through
+dflash::cached_attention under the interpreter, checked against the reference. A crash here
+would otherwise cost a GPU call."""
 
 import sys
 from pathlib import Path
@@ -12,4 +13,5 @@ import bench_attention  # noqa: E402
 def test_smoke_cases_match_the_reference(capsys):
     assert bench_attention.main(["--smoke"]) == 0
     out = capsys.readouterr().out
-    assert out.count("the op matches the reference") == 4, out
+    assert out.count("the op matches the reference") == 8, out  # 2 series x 2 max_seq_len x 2 row counts
+    assert out.count("smoke 1 rows an owner") == 4, out
