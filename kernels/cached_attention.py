@@ -93,26 +93,11 @@ def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, ce
 
 
 @triton.jit
-def _run(first, end, r, slots, lo_ptr, hi_ptr, i, in_group, cells, BLOCK_G: tl.constexpr):
-    """The run of rows of one slot from row `first` (< end): its slot, its end `stop`, each query
-    vector's row, liveness and interval [lo, hi), and the union of the intervals [start_at,
-    end_at) (end_at <= start_at: no cell)."""
-    slot = tl.sum(tl.where(r == first, slots, 0))
-    stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
-    row = first + i // BLOCK_G
-    live = (row < stop) & in_group
-    lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
-    hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
-    start_at = tl.min(tl.where(hi > lo, lo, cells))
-    end_at = tl.max(hi)
-    return slot, stop, row, live, lo, hi, start_at, end_at
-
-
-@triton.jit
 def _tile_work(slot_ptr, lo_ptr, hi_ptr, tile, end, r, slots, cells):
-    """The cells of the tile's runs laid end to end: each run's union of intervals, as `_run`
-    finds it, summed (a [BLOCK_R, BLOCK_R] match of rows to runs: a loop over the runs here
-    took ~80 more registers in the whole kernel on sm_90)."""
+    """The cells of the tile's runs laid end to end: each run's union of intervals, as the
+    kernel's loop over its runs finds it, summed (a [BLOCK_R, BLOCK_R] match of rows to runs:
+    a loop over the runs here took ~80 more registers in the whole kernel on sm_90). Its
+    result picks no store's address (the package docstring's rule)."""
     valid = r < end
     lo = tl.maximum(tl.load(lo_ptr + r, mask=valid, other=0), 0)
     hi = tl.minimum(tl.load(hi_ptr + r, mask=valid, other=0), cells)
@@ -167,8 +152,14 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
             first = end  # (no run left to read)
     laid = tl.zeros((), dtype=tl.int64)  # the work of the runs before this one
     while first < end:  # the runs of the tile: rows first .. stop - 1 of one slot
-        slot, stop, row, live, lo, hi, start_at, end_at = _run(first, end, r, slots, lo_ptr, hi_ptr, i, in_group,
-                                                               cells, BLOCK_G)
+        slot = tl.sum(tl.where(r == first, slots, 0))
+        stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
+        row = first + i // BLOCK_G
+        live = (row < stop) & in_group
+        lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
+        hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+        start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
+        end_at = tl.max(hi)
         begin = start_at
         finish = end_at
         if SPLITS > 1:  # the run's cells in this program's piece
