@@ -20,8 +20,10 @@
 #                                   attention in pieces (4096-cell slots): sampling-f32-attn-pieces
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
-#   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's kernels under Nsight
-#                                   Compute (64 greedy owners, 17 new tokens: a step of 16 rows each), grouped by kind ($OUT/PROFILE.md)
+#   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's decoding steps' kernels
+#                                   under Nsight Compute (64 greedy owners, 17 new tokens: a step of 16 rows
+#                                   each; PROFILE_PROMPT / PROFILE_PROMPT_MAX: prompt lengths, default 16;
+#                                   prefill left out by the runner's --profile-steps), by kind ($OUT/PROFILE.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/); its options pass
 #                                   through: --kinds --quick (issue #25's table), --empty-launches, --breakdown
 #   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
@@ -150,16 +152,21 @@ profile)
   build_runner
   dir="${PROFILE_DIR:-/tmp/runner-bench}"
   [[ -f "$dir/model.pte" ]] || { echo "profile: no export in $dir: run runner-bench first, in the same call"; exit 1; }
+  # prompts of PROFILE_PROMPT tokens, or drawn from PROFILE_PROMPT .. PROFILE_PROMPT_MAX (long contexts: the
+  # runner's --profile-steps keeps their prefill out of the profile)
   python3 -c "
 import random
-new = ${PROFILE_NEW:-17}
+new, short = ${PROFILE_NEW:-17}, ${PROFILE_PROMPT:-16}
+long = max(short, ${PROFILE_PROMPT_MAX:-0})
 r = random.Random(0)
 for i in range(64):
-    print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(16)) + f':max_new={new}:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
+    n = r.randint(short, long)
+    print('prompt=' + ','.join(str(r.randrange(1000)) for _ in range(n)) + f':max_new={new}:temperature=0.0:top_k=0:top_p=1.0:seed={i}:join=0')
 " >/tmp/profile.owners
-  timeout "${PROFILE_TIMEOUT:-480}" ncu --clock-control none --metrics gpu__time_duration.sum --print-units base --csv \
-    --log-file "$OUT/ncu.csv" "$runner" --program "$dir/model.pte" --data "$dir/aoti_cuda_blob.ptd" \
-    --owners /tmp/profile.owners >/dev/null 2>"$OUT/ncu.err"
+  timeout "${PROFILE_TIMEOUT:-480}" ncu --clock-control none --profile-from-start off \
+    --metrics gpu__time_duration.sum --print-units base --csv --log-file "$OUT/ncu.csv" \
+    "$runner" --program "$dir/model.pte" --data "$dir/aoti_cuda_blob.ptd" --owners /tmp/profile.owners \
+    --profile-steps >/dev/null 2>"$OUT/ncu.err"
   echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
   python3 benchmarks/ncu_summary.py "$OUT/ncu.csv" --out "$OUT/PROFILE.md" | head -40
   ;;

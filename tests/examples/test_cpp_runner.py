@@ -215,6 +215,9 @@ BAD_INPUTS = {
     "--cuda-graphs for a CPU program": (
         lambda d: ["--program", d["greedy"] / "model.pte", "--cuda-graphs", *_owner_args("prompt=1:max_new=2")],
         "--cuda-graphs is for CUDA programs"),
+    "--profile-steps for a CPU program": (
+        lambda d: ["--program", d["greedy"] / "model.pte", "--profile-steps", *_owner_args("prompt=1:max_new=2")],
+        "--profile-steps is for CUDA programs"),
     "unknown flag": (lambda d: ["--steps", "3"], "unknown argument '--steps'"),
     "missing owners file": (lambda d: ["--program", d["greedy"] / "model.pte", "--owners", d["greedy"] / "nope.txt"],
                             "nope.txt: cannot read the file"),

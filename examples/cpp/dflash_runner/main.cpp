@@ -33,6 +33,7 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/platform/platform.h>
 #ifdef DFLASH_RUNNER_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <executorch/runtime/backend/backend_options_map.h>
 #include <executorch/runtime/backend/options.h>
@@ -117,6 +118,7 @@ std::string join(const std::vector<int64_t>& values, const char* sep = " ") {
 
 const char* kUsage = R"(usage: dflash_runner --program MODEL.pte [--data BLOB.ptd] --owner SPEC [--owner SPEC ...]
                      [--owners FILE] [--target-only] [--drafts] [--timing] [--cuda-graphs]
+                     [--profile-steps]
 
 Drives a dflash-et DFlash program (contract_version 1, docs/CONTRACT.md) through the
 ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
@@ -148,6 +150,10 @@ ExecuTorch C++ runtime: prefill, draft, verify, commit, for every owner at once.
                    call of each input shape, up to 8 shapes a method; a call that a graph cannot
                    hold runs as it is, with a logged error): one launch a call instead of one per
                    kernel. Tokens are the same; prints a 'cuda_graphs' record
+  --profile-steps  CUDA programs: open the CUDA profiler's capture range around each step
+                   (draft_forward, target_verify, the commit) and close it before any prefill, so
+                   that `ncu --profile-from-start off` (or `nsys profile --capture-range=cudaProfilerApi`)
+                   sees the decoding steps only, not the prompts' prefill
   --no-shared-state  CUDA build, diagnostic only: load the methods without sharing their state, so
                    target_verify does not see the caches target_prefill wrote (the tokens are then
                    wrong; the GPU test uses this to show that the sharing is what makes them right)
@@ -191,6 +197,7 @@ struct Options {
   bool timing = false;
   bool shared_state = true;
   bool cuda_graphs = false;
+  bool profile_steps = false;
 };
 
 int64_t parse_int(const std::string& text, const std::string& what) {
@@ -294,6 +301,8 @@ bool parse_args(int argc, char** argv, Options& options) {
       options.shared_state = false;
     } else if (arg == "--cuda-graphs") {
       options.cuda_graphs = true;
+    } else if (arg == "--profile-steps") {
+      options.profile_steps = true;
     } else if (arg == "--data" || arg.rfind("--data=", 0) == 0) {
       options.data = value("--data");
     } else if (arg == "--program" || arg.rfind("--program=", 0) == 0) {
@@ -1091,7 +1100,20 @@ std::vector<int64_t> verify_and_commit(DFlashProgram& p, const std::vector<Owner
 }
 
 // Runs the loop until every owner is done or has left.
-std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool speculative) {
+// --profile-steps: the CUDA profiler's capture range, opened or closed (a CUDA runner only: run()
+// refuses the option elsewhere).
+void profile_range(bool open) {
+#ifdef DFLASH_RUNNER_CUDA
+  const cudaError_t e = open ? cudaProfilerStart() : cudaProfilerStop();
+  if (e != cudaSuccess) {
+    failed(std::string(open ? "cudaProfilerStart" : "cudaProfilerStop") + " failed: " + cudaGetErrorString(e));
+  }
+#else
+  (void)open;
+#endif
+}
+
+std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool speculative, bool profile_steps) {
   std::vector<Owner*> waiting;
   for (Owner& o : owners) waiting.push_back(&o);
   std::stable_sort(waiting.begin(), waiting.end(),
@@ -1112,6 +1134,7 @@ std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool sp
       steps.push_back(Step{});
       continue;
     }
+    if (profile_steps) profile_range(true);
     const auto step_start = std::chrono::steady_clock::now();
     std::vector<std::vector<int64_t>> drafts =
         speculative ? draft(p, active, hidden) : std::vector<std::vector<int64_t>>(active.size());
@@ -1126,6 +1149,7 @@ std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool sp
     Step s;
     s.owners = active.size();
     s.acceptance = verify_and_commit(p, active, rows, hidden);
+    if (profile_steps) profile_range(false);
     if (p.timing()) {
       p.times["step"].push_back(
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - step_start).count());
@@ -1217,6 +1241,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   DFlashProgram program(options.program, options.data, options.timing, options.shared_state, options.cuda_graphs);
+  if (options.profile_steps && !program.cuda()) {
+    bad_input("--profile-steps is for CUDA programs: " + options.program + " is a CPU program");
+  }
   check_owners(program, options.owners);
   std::vector<Owner> owners(options.owners.size());
   for (size_t i = 0; i < owners.size(); ++i) {
@@ -1224,7 +1251,7 @@ int run(int argc, char** argv) {
     owners[i].options = options.owners[i];
   }
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<Step> steps = generate(program, owners, !options.target_only);
+  const std::vector<Step> steps = generate(program, owners, !options.target_only, options.profile_steps);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report(program, owners, steps, options.drafts);
   if (options.timing) report_timing(program, owners, seconds);
