@@ -1099,7 +1099,6 @@ std::vector<int64_t> verify_and_commit(DFlashProgram& p, const std::vector<Owner
   return lengths;
 }
 
-// Runs the loop until every owner is done or has left.
 // --profile-steps: the CUDA profiler's capture range, opened or closed (a CUDA runner only: run()
 // refuses the option elsewhere).
 void profile_range(bool open) {
@@ -1113,6 +1112,7 @@ void profile_range(bool open) {
 #endif
 }
 
+// Runs the loop until every owner is done or has left.
 std::vector<Step> generate(DFlashProgram& p, std::vector<Owner>& owners, bool speculative, bool profile_steps) {
   std::vector<Owner*> waiting;
   for (Owner& o : owners) waiting.push_back(&o);
