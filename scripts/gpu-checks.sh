@@ -37,8 +37,8 @@
 #                                   launches (maxnreg, rows a program: benchmarks/select_occupancy.py;
 #                                   --quick, --variants; $OUT/OCCUPANCY.md)
 #   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes (16 rows an owner, then
-#                                   one: decoding), max_seq_len 2k-32k, against its floor and the models'
-#                                   reference ($OUT/ATTENTION.md)
+#                                   one: decoding), max_seq_len 2k-32k, against its floor (--reference: and
+#                                   the models' reference) ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh chain 570 kernels "bench --kinds --quick" phases   stages in turn within one call's
 #                                   seconds (each bounded by the time left; one that does not fit is named)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
