@@ -33,8 +33,13 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/platform/platform.h>
 #ifdef DFLASH_RUNNER_CUDA
-#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+#if __has_include(<cuda_profiler_api.h>)
+#include <cuda_profiler_api.h>
+#else  // (the CUDA headers Triton ships, which tests/examples/test_cpp_runner.py compiles against, lack it)
+extern "C" cudaError_t cudaProfilerStart();
+extern "C" cudaError_t cudaProfilerStop();
+#endif
 #include <executorch/runtime/backend/backend_options_map.h>
 #include <executorch/runtime/backend/options.h>
 #include <executorch/extension/data_loader/file_data_loader.h>
