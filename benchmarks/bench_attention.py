@@ -9,8 +9,10 @@ max_seq_len: the time must stay flat in it), and ones drawn from [128, max_seq_l
 
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
 cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
-bandwidth measured in the same run) and the ratio to it; the same op with every run whole
-(one program a run and KV head: `SPLIT_CELLS` out of reach) against the same floor; the op's
+bandwidth measured in the same run) and the ratio to it; the same op with twice the pieces
+a tile may take (`splits_for` doubled, up to MAX_SPLITS: more programs for a tile of many
+short runs, as in decoding; untried in the op itself) and with every run whole (one program a
+run and KV head: `SPLIT_CELLS` out of reach) against the same floor; the op's
 largest error on two owners against float64; and, with --reference, the models' reference
 (gather of every row's whole slot + masked SDPA) where its gather fits in memory. Not by
 default: on the H200 the op timed right after the reference came out well above its other
@@ -24,6 +26,7 @@ runs, suspected the reference's after-effect, not confirmed (benchmarks/HISTORY.
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -46,6 +49,18 @@ def step_case(g, owners, rows, heads, kv_heads, dim, cells, lengths, dtype, devi
     slot = torch.arange(owners, device=device).repeat_interleave(rows)
     position = (lengths.to(device)[:, None] - rows + torch.arange(rows, device=device)[None, :]).reshape(-1)
     return q, k, v, slot, torch.zeros_like(position), position + 1
+
+
+@contextlib.contextmanager
+def twice_the_pieces():
+    """`cached_attention.splits_for` doubled (up to MAX_SPLITS) inside the block; yields
+    more(cells): whether that changes the launch at those cells."""
+    splits_for = ca.splits_for
+    ca.splits_for = lambda cells: min(ca.MAX_SPLITS, 2 * splits_for(cells))
+    try:
+        yield lambda cells: ca.splits_for(cells) != splits_for(cells)
+    finally:
+        ca.splits_for = splits_for
 
 
 def check_owners(case, lengths, rows) -> float:
@@ -108,8 +123,9 @@ def main(argv=None) -> int:
                   f"{args.owners} owners, {args.heads} heads / {args.kv_heads} KV heads x {args.head_dim}, "
                   f"{args.dtype}", "",
                   "| rows an owner | lengths | max_seq_len | pieces a tile at most | sum L_o | op us | floor us | "
-                  "x floor | runs whole us | x floor | max error | reference us | x op |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "x floor | twice the pieces us | x floor | runs whole us | x floor | max error | reference us | "
+                  "x op |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     g = torch.Generator(device=device).manual_seed(0)
     short = max(*args.rows, 128 if not args.smoke else 8)
     fixed = torch.randint(short, 2048 if not args.smoke else 40, (args.owners,), generator=g, device=device)
@@ -122,6 +138,8 @@ def main(argv=None) -> int:
             op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
             gathered = 2 * args.owners * rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
+                with twice_the_pieces():
+                    torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
                 torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
                 err = check_owners(case, lengths, rows)
                 print(f"smoke {rows} rows an owner, {series}, max_seq_len {cells}: the op matches the reference "
@@ -130,18 +148,23 @@ def main(argv=None) -> int:
             from triton.testing import do_bench
 
             err = check_owners(case, lengths, rows)
+            floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+            twice = "- | -"  # (the same launch where doubling hits MAX_SPLITS)
+            with twice_the_pieces() as more:
+                if more(cells):
+                    twice_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+                    twice = f"{twice_ms * 1e3:.1f} | {twice_ms / floor_ms:.2f}"
             split_cells, ca.SPLIT_CELLS = ca.SPLIT_CELLS, 1 << 40  # every run whole, one program a run and KV head
             whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             ca.SPLIT_CELLS = split_cells
-            floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
                       if args.reference and gathered <= REFERENCE_BYTES else None)
             ref = (f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None
                    else "- (gather too large) | -" if args.reference else "- | -")
             lines.append(f"| {rows} | {series} | {cells} | {ca.splits_for(cells)} | {int(lengths.sum())} | "
-                         f"{op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {whole_ms * 1e3:.1f} | "
-                         f"{whole_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
+                         f"{op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {twice} | "
+                         f"{whole_ms * 1e3:.1f} | {whole_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
             del case
             torch.cuda.empty_cache()
     text = "\n".join(lines)
