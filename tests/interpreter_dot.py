@@ -5,7 +5,7 @@ integers (~1e10 for values of order one). Here bfloat16 operands are widened to 
 values they hold before the product, which is what the GPU's MMA computes: bfloat16 x
 bfloat16 products are exact in float32 and accumulate in float32 (`out_dtype`). Other
 dtypes are untouched. Installed by conftest.py under the interpreter; `bench_attention.py
---smoke` installs it too. tests/test_fast_interpreter.py checks it against float64 products.
+--smoke` installs it too. tests/test_interpreter_dot.py checks it against float64 products.
 """
 
 import numpy as np
