@@ -52,15 +52,23 @@ def step_case(g, owners, rows, heads, kv_heads, dim, cells, lengths, dtype, devi
 
 
 @contextlib.contextmanager
-def twice_the_pieces():
-    """`cached_attention.splits_for` doubled (up to MAX_SPLITS) inside the block; yields
-    more(cells): whether that changes the launch at those cells."""
-    splits_for = ca.splits_for
-    ca.splits_for = lambda cells: min(ca.MAX_SPLITS, 2 * splits_for(cells))
+def patched(**values):
+    """`cached_attention`'s module globals set to `values` inside the block (the launcher reads
+    them at each call), restored after."""
+    saved = {name: getattr(ca, name) for name in values}
+    for name, value in values.items():
+        setattr(ca, name, value)
     try:
-        yield lambda cells: ca.splits_for(cells) != splits_for(cells)
+        yield
     finally:
-        ca.splits_for = splits_for
+        for name, value in saved.items():
+            setattr(ca, name, value)
+
+
+def twice_the_pieces():
+    """`splits_for` doubled, up to MAX_SPLITS: more pieces for a tile of many short runs."""
+    splits_for = ca.splits_for
+    return patched(splits_for=lambda cells: min(ca.MAX_SPLITS, 2 * splits_for(cells)))
 
 
 def check_owners(case, lengths, rows) -> float:
@@ -151,13 +159,12 @@ def main(argv=None) -> int:
             floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             twice = "- | -"  # (the same launch where doubling hits MAX_SPLITS)
-            with twice_the_pieces() as more:
-                if more(cells):
+            if ca.splits_for(cells) < ca.MAX_SPLITS:
+                with twice_the_pieces():
                     twice_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
-                    twice = f"{twice_ms * 1e3:.1f} | {twice_ms / floor_ms:.2f}"
-            split_cells, ca.SPLIT_CELLS = ca.SPLIT_CELLS, 1 << 40  # every run whole, one program a run and KV head
-            whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
-            ca.SPLIT_CELLS = split_cells
+                twice = f"{twice_ms * 1e3:.1f} | {twice_ms / floor_ms:.2f}"
+            with patched(SPLIT_CELLS=1 << 40):  # every run whole, one program a run and KV head
+                whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
                       if args.reference and gathered <= REFERENCE_BYTES else None)
             ref = (f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None
