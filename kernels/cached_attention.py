@@ -13,25 +13,29 @@ intervals: work and memory traffic follow the cells the owners hold. The drafter
 rows (context + block, causal or not, windowed or not) also see one interval each, once
 the block's K/V are in the cache (`export/models/dflash.py`).
 
-Kernel: one program per (tile of BLOCK_R rows, KV head, piece). The tile's rows fall into
-runs of rows of one slot (a DFlash block's rows, a prompt chunk's; at worst one row a run),
-taken in turn, so an owner's cells are read once per tile of its rows, not once per row. A
-run's rows x G query heads (at most QUERIES query vectors: one `tl.dot` operand) stream the
-union of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own row's
+Kernel: one program per (tile of BLOCK_R rows, KV head, piece). Rows of one slot side by
+side make a run (a DFlash block's rows, a prompt chunk's; at worst one row a run). A run of at
+most BLOCK_R rows is one segment, taken by the tile its first row falls in, even where it ends
+in the next tile's rows; a longer run is cut at the tiles' edges (`_segments`). A program takes
+its tile's segments in turn, so an owner's cells are read once per segment of its rows, not
+once per row, and once in all for a run of up to BLOCK_R rows wherever it begins (cut at
+fixed rows instead, owners of 15 rows each had most of their cells read twice). A segment's
+rows x G query heads (at most QUERIES query vectors: one `tl.dot` operand) stream the union
+of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own row's
 [lo, hi), with an online softmax (running max and sum, rescaled accumulator).
 
-Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its runs' unions laid end
-to end (`_tile_work`), is cut into up to SPLITS (`splits_for`) pieces of whole blocks, at
-least SPLIT_CELLS cells each, one a program; a piece may begin and end inside a run. For
-each run, a program stores the partial softmax of the run's cells in its piece (max, sum,
-unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none), and
-`combine_kernel` merges them per row, weighting each by exp(its max - the largest). Why:
-one program a run made the longest owner's cells one program's work, so at mixed lengths
-most of the GPU idled at the end (1.63x the floor on the H100 at lengths up to 32k, against
-1.14x in pieces: benchmarks/RESULTS.md); and pieces cut run by run left the program of a
-tile of many short runs (decoding: a row an owner, 16 runs a tile) a piece of every run to
-read in turn, the first pieces of each run all on the same programs. A piece past the
-tile's work stores empty partials without reading a cell.
+Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its segments' unions laid
+end to end (`_tile_work`), is cut into up to SPLITS (`splits_for`) pieces of whole blocks, at
+least SPLIT_CELLS cells each, one a program; a piece may begin and end inside a segment. For
+each segment, a program stores the partial softmax of its cells in the piece (max, sum,
+unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none: every segment
+of a piece past the tile's work, without reading a cell), and `combine_kernel` merges them
+per row, weighting each by exp(its max - the largest). Why: one program a run made the
+longest owner's cells one program's work, so at mixed lengths most of the GPU idled at the
+end (1.63x the floor on the H100 at lengths up to 32k, against 1.14x in pieces:
+benchmarks/RESULTS.md); and pieces cut run by run left the program of a tile of many short
+runs (decoding: a row an owner, 16 runs a tile) a piece of every run to read in turn, the
+first pieces of each run all on the same programs.
 
 Sums in float32: float32 caches multiply in IEEE float32; bfloat16 / float16 q and K go to
 the MMA in their own type, whose products are exact in its float32 sums (q k^T as exact as
@@ -93,21 +97,46 @@ def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, ce
 
 
 @triton.jit
-def _tile_work(slot_ptr, lo_ptr, hi_ptr, tile, end, r, slots, cells):
-    """The cells of the tile's runs laid end to end: each run's union of intervals, as the
-    kernel's loop over its runs finds it, summed (a [BLOCK_R, BLOCK_R] match of rows to runs:
-    a loop over the runs here took ~80 more registers in the whole kernel on sm_90). Its
-    result picks no store's address (the package docstring's rule)."""
-    valid = r < end
-    lo = tl.maximum(tl.load(lo_ptr + r, mask=valid, other=0), 0)
-    hi = tl.minimum(tl.load(hi_ptr + r, mask=valid, other=0), cells)
-    before = tl.load(slot_ptr + r - 1, mask=valid & (r > tile), other=-1)
-    starts = valid & ((r == tile) | (slots != before))  # a row that starts a run
-    run = tl.cumsum(starts.to(tl.int32), 0)
-    same = (run[:, None] == run[None, :]) & valid[None, :]
-    run_lo = tl.min(tl.where(same & (hi > lo)[None, :], lo[None, :], cells), 1)
-    run_hi = tl.max(tl.where(same, hi[None, :], 0), 1)
-    return tl.sum(tl.where(starts, tl.maximum(run_hi - run_lo, 0), 0))
+def _segments(w, slots, before_slots, back, rows, BLOCK_R: tl.constexpr):
+    """The tile's segments over its window w (rows tile .. tile + 2 x BLOCK_R - 1; `slots` and
+    `before_slots` their slots and the slots of the rows before each, loaded by the kernel;
+    `back`: the rows before the tile in the run of its first row, up to BLOCK_R). A run of at
+    most BLOCK_R rows is one segment, of the tile its first row is in, even where it ends in
+    the next tile's rows; a longer run is cut at the tiles' edges. So a program reads an
+    owner's cells once, whichever row its rows begin at (a tile of BLOCK_R rows cut at fixed
+    rows read the cells of a run across the cut twice: ~1.75x the attention's time at 15 rows
+    an owner in the runner, benchmarks/RESULTS.md). Returns (starts: a segment's first row,
+    ids: each row's segment, numbered from 1; 0 for rows not the tile's).
+    Given loaded values only: its results pick the stores' rows (the package docstring's rule)."""
+    k = tl.arange(0, 2 * BLOCK_R)
+    valid = w < rows
+    run_start = valid & (slots != before_slots)  # (row 0 has none before: before_slots -1 there)
+    edge = run_start | ~valid
+    run = tl.cumsum(run_start.to(tl.int32), 0)  # 0: the run the tile's first row continues (back > 0)
+    # the run of the tile's first row, if it began before the tile, and of its last row, if it began in the
+    # tile: only these two may be another tile's or end in the next tile's rows (a run past the window: long)
+    short_first = back + tl.min(tl.where(edge, k, 2 * BLOCK_R)) <= BLOCK_R
+    last_start = tl.max(tl.where(run_start & (k < BLOCK_R), k, -1))
+    short_last = tl.min(tl.where(edge & (k >= BLOCK_R), k, 2 * BLOCK_R)) - last_start <= BLOCK_R
+    last = tl.sum(tl.where(k == BLOCK_R - 1, run, 0))
+    mine = valid & tl.where(k < BLOCK_R, (run > 0) | ~short_first, (run == last) & (last_start >= 0) & short_last)
+    starts = mine & (run_start | (k == 0))
+    return starts, tl.where(mine, tl.cumsum(starts.to(tl.int32), 0), 0)
+
+
+@triton.jit
+def _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells):
+    """The cells of the tile's segments laid end to end: each segment's union of intervals, as
+    the kernel's loop over them finds it, summed (a match of rows to segments: a loop over them
+    here took ~80 more registers in the whole kernel on sm_90). Its result picks no store's
+    address (the package docstring's rule)."""
+    mine = ids > 0
+    lo = tl.maximum(tl.load(lo_ptr + w, mask=mine, other=0), 0)
+    hi = tl.minimum(tl.load(hi_ptr + w, mask=mine, other=0), cells)
+    same = (ids[:, None] == ids[None, :]) & mine[None, :]
+    seg_lo = tl.min(tl.where(same & (hi > lo)[None, :], lo[None, :], cells), 1)
+    seg_hi = tl.max(tl.where(same, hi[None, :], 0), 1)
+    return tl.sum(tl.where(starts, tl.maximum(seg_hi - seg_lo, 0), 0))
 
 
 @triton.jit
@@ -117,9 +146,9 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                             SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr):
     """Program (tile, kv, split): for KV head kv, piece `split` of the tile's work (the cells of
-    each run of rows of one slot in its BLOCK_R rows, the runs laid end to end). SPLITS 1: the
-    output; else, for each run, the partial softmax (m, l, acc) of the run's cells in the
-    piece (none: empty) for `combine_kernel`."""
+    each of its segments, laid end to end). SPLITS 1: the output of the segments' rows; else,
+    for each segment, the partial softmax (m, l, acc) of its cells in the piece (none: empty)
+    for `combine_kernel`."""
     tile = tl.program_id(0).to(tl.int64) * BLOCK_R
     kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,33 +156,31 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
     IEEE: tl.constexpr = k_ptr.dtype.element_ty == tl.float32  # float32 caches: IEEE float32 products
-    r = tile + tl.arange(0, BLOCK_R)
-    slots = tl.load(slot_ptr + r, mask=r < rows, other=-1)
-    end = tl.minimum(tile + BLOCK_R, rows)
+    w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
+    slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
+    before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
+    b = tile - 1 - tl.arange(0, BLOCK_R)
+    first_slot = tl.sum(tl.where(w == tile, slots, 0))
+    back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
+    starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+    none = tile + 2 * BLOCK_R  # past the window: no segment left
     d = tl.arange(0, BLOCK_D)
     i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
     heads = kv * GROUPS + i % BLOCK_G
     in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
-    first = tile
     piece_lo = tl.zeros((), dtype=tl.int64)  # this program's piece of the work laid end to end
     piece_hi = piece_lo
-    if SPLITS > 1:
-        work = _tile_work(slot_ptr, lo_ptr, hi_ptr, tile, end, r, slots, cells)
+    if SPLITS > 1:  # (a piece past the work: every segment's partial empty, no cell read)
+        work = _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells)
         pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), SPLITS)
         size = tl.cdiv(tl.cdiv(work, pieces), BLOCK_N) * BLOCK_N  # whole blocks, at least SPLIT_CELLS cells
         piece_lo = split * size
         piece_hi = piece_lo + size
-        if split >= pieces:  # past the work (most pieces, at long max_seq_len and short runs): empty partials
-            row = tile + i // BLOCK_G
-            part = (row * num_heads + heads) * SPLITS + split
-            live = (row < end) & in_group
-            tl.store(m_ptr + part, tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32), mask=live)
-            tl.store(l_ptr + part, tl.zeros([BLOCK_R * BLOCK_G], tl.float32), mask=live)
-            first = end  # (no run left to read)
-    laid = tl.zeros((), dtype=tl.int64)  # the work of the runs before this one
-    while first < end:  # the runs of the tile: rows first .. stop - 1 of one slot
-        slot = tl.sum(tl.where(r == first, slots, 0))
-        stop = tl.min(tl.where((r > first) & ((slots != slot) | (r >= end)), r, end))
+    laid = tl.zeros((), dtype=tl.int64)  # the work of the segments before this one
+    first = tl.min(tl.where(starts, w, none))
+    while first < none:  # the tile's segments: rows first .. stop - 1 of one slot
+        slot = tl.load(slot_ptr + first)
+        stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
         row = first + i // BLOCK_G
         live = (row < stop) & in_group
         lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
@@ -162,7 +189,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         end_at = tl.max(hi)
         begin = start_at
         finish = end_at
-        if SPLITS > 1:  # the run's cells in this program's piece
+        if SPLITS > 1:  # the segment's cells in this program's piece
             span = tl.maximum(end_at - start_at, 0)
             begin = start_at + tl.minimum(tl.maximum(piece_lo - laid, 0), span)
             finish = start_at + tl.minimum(tl.maximum(piece_hi - laid, 0), span)
@@ -205,7 +232,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
             tl.store(m_ptr + part, m, mask=live)
             tl.store(l_ptr + part, total, mask=live)
             tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & (total > 0)[:, None])
-        first = stop
+        first = tl.min(tl.where(starts & (w >= stop), w, none))
 
 
 @triton.jit

@@ -7,6 +7,8 @@ partials, empty ones among them, merged by `combine_kernel`, as at long `max_seq
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dflash_et.kernels import cached_attention as ca
 from dflash_et.export.models import layers
@@ -122,6 +124,71 @@ def test_pieces_cut_a_tiles_runs_laid_end_to_end():
     got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
     torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
     assert (got[-3:] == 0).all()
+
+
+def test_owners_of_fewer_rows_than_a_tile_straddle_its_edges():
+    """Owners of BLOCK_R - 1 rows (a verify step near the owners' last tokens), then of 9, 1,
+    BLOCK_R and BLOCK_R + 2 rows: runs that begin anywhere in a tile and end in the next one
+    (one segment, `test_segments_...` below) and a long run cut at the tiles' edges. Each row
+    sees exactly its own cells."""
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    sizes = [block - 1] * 4 + [9, 1, block, block + 2, 9]
+    slot = torch.cat([torch.full((n,), o % SLOTS, dtype=torch.int64) for o, n in enumerate(sizes)])
+    rows = slot.shape[0]
+    g = torch.Generator().manual_seed(7)
+    last = torch.randint(block + 2, CELLS, (len(sizes),), generator=g)  # each owner's last position
+    position = torch.cat([last[o] - n + 1 + torch.arange(n) for o, n in enumerate(sizes)])
+    q = torch.randn(rows, HEADS, DIM, generator=g)
+    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    lo = torch.zeros_like(position)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
+    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def _tiles_segments(slot_ptr, before_ptr, back_ptr, starts_ptr, ids_ptr, rows, BLOCK_R: tl.constexpr):
+    """`ca._segments` of each tile, given its rows' slots, the slots before them and `back`."""
+    t = tl.program_id(0)
+    k = tl.arange(0, 2 * BLOCK_R)
+    w = t * BLOCK_R + k
+    slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
+    before = tl.load(before_ptr + w, mask=w < rows, other=-1)
+    starts, ids = ca._segments(w, slots, before, tl.load(back_ptr + t), rows, BLOCK_R)
+    tl.store(starts_ptr + t * 2 * BLOCK_R + k, starts.to(tl.int32))
+    tl.store(ids_ptr + t * 2 * BLOCK_R + k, ids)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_segments_take_every_row_once_and_a_short_run_whole(seed):
+    """Random runs of 1 to 2 x BLOCK_R + 3 rows: every row is in exactly one tile's segments; a
+    run of at most BLOCK_R rows is one segment, of the tile its first row is in; a longer run
+    is cut at the tiles' edges. (The rule knows no pieces: each `split` runs it alike.)"""
+    block, g = 16, torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 2 * block + 4, (40,), generator=g).tolist()
+    slot = torch.cat([torch.full((n,), i % 2, dtype=torch.int32) for i, n in enumerate(sizes)])
+    rows = slot.shape[0]
+    before = torch.cat([torch.tensor([-1], dtype=torch.int32), slot[:-1]])
+    tiles = -(-rows // block)
+    back = torch.tensor([next((j for j in range(block) if t * block - 1 - j < 0
+                               or slot[t * block - 1 - j] != slot[t * block]), block) for t in range(tiles)],
+                        dtype=torch.int32)  # the rows before each tile in its first row's run, up to BLOCK_R
+    starts = torch.zeros(tiles, 2 * block, dtype=torch.int32)
+    ids = torch.zeros(tiles, 2 * block, dtype=torch.int32)
+    _tiles_segments[(tiles,)](slot, before, back, starts, ids, rows, BLOCK_R=block)
+    got = set()
+    for t in range(tiles):
+        for s in ids[t].unique().tolist():
+            if s:
+                at = (ids[t] == s).nonzero().flatten() + t * block
+                assert (at.diff() == 1).all() and starts[t, int(at[0]) - t * block] == 1
+                got.add((t, int(at[0]), int(at[-1]) + 1))
+    want, a = set(), 0
+    for n in sizes:
+        cuts = [a, a + n] if n <= block else [a, *range((a // block + 1) * block, a + n, block), a + n]
+        want |= {(lo // block, lo, hi) for lo, hi in zip(cuts, cuts[1:])}
+        a += n
+    assert got == want
 
 
 @pytest.mark.parametrize("heads,kv,dim", [(6, 2, 24), (5, 5, 16), (16, 2, 8)])
