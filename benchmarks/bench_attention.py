@@ -2,9 +2,10 @@
 
 A verify step's attention at Qwen3-like heads: `owners` owners x `rows` verify rows each (the
 rows of owner o at the last positions of its length L_o), every row seeing cells
-[0, position + 1) of its owner's slot, for several `max_seq_len` (the slots' size), and the
-same with one row an owner (a decoding step: target-only decoding, a tile of 16 one-row
-runs). Two series of lengths: fixed ones drawn from [128, 2048] (the same at every
+[0, position + 1) of its owner's slot, for several `max_seq_len` (the slots' size); the same
+with 15 rows an owner (owners near their last tokens: runs that straddle the kernel's tiles
+of 16 rows) and with one row an owner (a decoding step: target-only decoding, a tile of 16
+one-row runs). Two series of lengths: fixed ones drawn from [128, 2048] (the same at every
 max_seq_len: the time must stay flat in it), and ones drawn from [128, max_seq_len].
 
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
@@ -19,7 +20,7 @@ default: on the H200 the op timed right after the reference came out well above 
 runs, suspected the reference's after-effect, not confirmed (benchmarks/HISTORY.md, session
 58); the reference is known to be ~40x the op.
 
-    python benchmarks/bench_attention.py [--owners 64 --rows 16 1 --heads 16 --kv-heads 8
+    python benchmarks/bench_attention.py [--owners 64 --rows 16 15 1 --heads 16 --kv-heads 8
         --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--reference] [--out attention.md]
     python benchmarks/bench_attention.py --smoke   (CPU, under TRITON_INTERPRET=1: tiny sizes,
         checks the script and the op against the reference; no timings)
@@ -96,7 +97,7 @@ def check_owners(case, lengths, rows) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--owners", type=int, default=64)
-    ap.add_argument("--rows", type=int, nargs="+", default=[16, 1], help="verify rows per owner (a series each)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 15, 1], help="verify rows per owner (a series each)")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)

@@ -36,8 +36,8 @@
 #   scripts/gpu-checks.sh occupancy dflash_verify under launch variants of the select's begin and rounds
 #                                   launches (maxnreg, rows a program: benchmarks/select_occupancy.py;
 #                                   --quick, --variants; $OUT/OCCUPANCY.md)
-#   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes (16 rows an owner, then
-#                                   one: decoding), max_seq_len 2k-32k, against its floor (--reference: and
+#   scripts/gpu-checks.sh attention dflash::cached_attention at a verify step's shapes (16 rows an owner, 15,
+#                                   then one: decoding), max_seq_len 2k-32k, against its floor (--reference: and
 #                                   the models' reference) ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh chain 570 kernels "bench --kinds --quick" phases   stages in turn within one call's
 #                                   seconds (each bounded by the time left; one that does not fit is named)
