@@ -170,7 +170,8 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
     piece_lo = tl.zeros((), dtype=tl.int64)  # this program's piece of the work laid end to end
     piece_hi = piece_lo
-    if SPLITS > 1:  # (a piece past the work: every segment's partial empty, no cell read)
+    pieces = tl.full((), 1, tl.int64)
+    if SPLITS > 1:
         work = _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells)
         pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), SPLITS)
         size = tl.cdiv(tl.cdiv(work, pieces), BLOCK_N) * BLOCK_N  # whole blocks, at least SPLIT_CELLS cells
@@ -183,8 +184,12 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
         row = first + i // BLOCK_G
         live = (row < stop) & in_group
-        lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
-        hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+        # a piece past the work (most pieces, at long max_seq_len and short runs) reads no interval (so no cell)
+        # and stores empty partials (read as the others, ~1.5x the time of a 16-row step at 32768 cells on the
+        # H100: benchmarks/HISTORY.md, session 59)
+        reads = live & (split < pieces)
+        lo = tl.where(reads, tl.maximum(tl.load(lo_ptr + row, mask=reads, other=0), 0), 0)
+        hi = tl.where(reads, tl.minimum(tl.load(hi_ptr + row, mask=reads, other=0), cells), 0)
         start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
         end_at = tl.max(hi)
         begin = start_at
