@@ -69,7 +69,7 @@ def patched(**values):
 def twice_the_pieces():
     """`splits_for` doubled, up to MAX_SPLITS: more pieces for a tile of many short runs."""
     splits_for = ca.splits_for
-    return patched(splits_for=lambda cells: min(ca.MAX_SPLITS, 2 * splits_for(cells)))
+    return patched(splits_for=lambda cells, programs: min(ca.MAX_SPLITS, 2 * splits_for(cells, programs)))
 
 
 def check_owners(case, lengths, rows) -> float:
@@ -145,6 +145,8 @@ def main(argv=None) -> int:
             case = step_case(g, args.owners, rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
                              dtype, device)
             op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
+            pieces = ca.launch_meta(dtype, args.heads, args.kv_heads, args.head_dim, cells, args.owners * rows)[0][
+                "SPLITS"]
             gathered = 2 * args.owners * rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
                 with twice_the_pieces():
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
             floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             twice = "- | -"  # (the same launch where doubling hits MAX_SPLITS)
-            if ca.splits_for(cells) < ca.MAX_SPLITS:
+            if pieces < ca.MAX_SPLITS:
                 with twice_the_pieces():
                     twice_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
                 twice = f"{twice_ms * 1e3:.1f} | {twice_ms / floor_ms:.2f}"
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
                       if args.reference and gathered <= REFERENCE_BYTES else None)
             ref = (f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None
                    else "- (gather too large) | -" if args.reference else "- | -")
-            lines.append(f"| {rows} | {series} | {cells} | {ca.splits_for(cells)} | {int(lengths.sum())} | "
+            lines.append(f"| {rows} | {series} | {cells} | {pieces} | {int(lengths.sum())} | "
                          f"{op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {twice} | "
                          f"{whole_ms * 1e3:.1f} | {whole_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
             del case

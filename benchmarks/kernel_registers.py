@@ -204,11 +204,11 @@ def main(argv=None) -> int:
                 f"sample_select {logits} {stage_label(stage, inline)}", sample_rows.sample_select_kernel, logits,
                 dict(BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes), warps or heavy.warps)
         # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head), whole runs
-        # (a 256-cell slot) and runs in pieces (32k cells: 16 pieces, then their combine)
+        # (a 256-cell slot) and runs in pieces (32k cells, a verify step's 1024 rows; then their combine)
         for heads in (16, 32):
             for cells in (256, 32768):
                 meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
-                                                           heads, 8, 128, cells)
+                                                           heads, 8, 128, cells, 1024)
                 ok &= compile_one(
                     f"cached_attention {logits} G={meta['GROUPS']} splits={meta['SPLITS']}",
                     cached_attention.cached_attention_kernel, logits, meta, warps,

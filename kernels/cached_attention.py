@@ -64,6 +64,8 @@ MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
 SPLIT_CELLS = 1024  # cells a piece at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
 MAX_SPLITS = 16  # pieces a tile's work at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
+PIECES_MANY, PIECES_FEW = 4, 8  # pieces a tile at most where (tile, KV head) pairs are many / few (`splits_for`)
+MANY_PROGRAMS = 256  # (tile, KV head) pairs from which they are many
 COMBINE_WARPS = 2
 
 
@@ -77,23 +79,30 @@ def reference(q, k_cache, v_cache, slot, lo, hi):  # [R, H, D], [S, T, KV, D] x2
     return layers.CachedAttention()(q, k_cache, v_cache, slot, lo, hi)
 
 
-def splits_for(cells: int) -> int:
-    """Pieces a run's cells are cut into at most, for caches of `cells` cells a slot: one a
-    SPLIT_CELLS, at most MAX_SPLITS (a power of two: the combine's tile)."""
-    return min(MAX_SPLITS, triton.next_power_of_2(max(1, cells // SPLIT_CELLS)))
+def splits_for(cells: int, programs: int) -> int:
+    """Pieces a tile's work is cut into at most, for slots of `cells` cells and a launch of
+    `programs` (tile, KV head) pairs: none below 2 x SPLIT_CELLS cells; else PIECES_MANY where the
+    pairs alone nearly fill the GPU (a verify step: 64 tiles x 8 KV heads), PIECES_FEW where they
+    are few (decoding, a row an owner: 4 x 8). Pieces past a tile's work still cost their
+    programs, and a launch of 16 pieces a tile took ~1.6x the time of one of 4 at 16 rows an
+    owner of 128-2048 cells; decoding wants more, 8 (benchmarks/HISTORY.md, session 59)."""
+    if cells < 2 * SPLIT_CELLS:
+        return 1
+    return min(MAX_SPLITS, PIECES_MANY if programs >= MANY_PROGRAMS else PIECES_FEW)
 
 
-def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int) -> tuple[dict, int]:
-    """The kernel's constexprs and warps for one head layout and slot size (the launcher and the
-    sm_90 compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G
-    >= 16 query vectors: `tl.dot`'s smallest operand."""
+def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int,
+                rows: int) -> tuple[dict, int]:
+    """The kernel's constexprs and warps for one head layout, slot size and row count (the
+    launcher and the sm_90 compile check, benchmarks/kernel_registers.py, use the same ones).
+    BLOCK_R x BLOCK_G >= 16 query vectors: `tl.dot`'s smallest operand."""
     groups = heads // kv_heads
     block_g = triton.next_power_of_2(groups)
     block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
     return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
-                SPLITS=splits_for(cells), SPLIT_CELLS=SPLIT_CELLS), 4
+                SPLITS=splits_for(cells, triton.cdiv(rows, block_r) * kv_heads), SPLIT_CELLS=SPLIT_CELLS), 4
 
 
 @triton.jit
@@ -310,7 +319,7 @@ def cached_attention(
     out = q.new_empty((rows, heads * dim))
     if rows == 0:
         return out
-    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1])
+    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1], rows)
     splits = meta["SPLITS"]
     parts = (rows, heads, splits)  # the pieces' partials (SPLITS 1: none; the output is written at once)
     m, total = (torch.empty(parts if splits > 1 else 0, dtype=torch.float32, device=q.device) for _ in range(2))

@@ -22,12 +22,12 @@ SLOTS, CELLS, HEADS, KV, DIM = 3, 2 * N + 8, 4, 2, 16
 @pytest.fixture(params=[None, 8, 32], ids=["whole", "pieces-8", "pieces-32"])
 def split(request, monkeypatch):
     """None: the launcher's own pieces (one a run at CELLS); else pieces of at least that many
-    cells (so up to 16, most of them past a short run's cells)."""
+    cells (so up to 8, most of them past a short run's cells)."""
     if request.param is not None:
         monkeypatch.setattr(ca, "SPLIT_CELLS", request.param)
-        assert ca.splits_for(CELLS) > 1
+        assert ca.splits_for(CELLS, 1) > 1
     else:
-        assert ca.splits_for(CELLS) == 1
+        assert ca.splits_for(CELLS, 1) == 1
     return request.param
 
 
@@ -91,7 +91,7 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     program's BLOCK_R rows, a slot met again further down, a lone row), each row causal on its
     own position, a few windowed. One program reads a run's cells for all its rows; every
     row still sees only its own interval."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
     runs = [(0, 5), (1, block), (2, block + 3), (0, 2), (1, 1), (2, 2 * block + 1), (0, 3)]
     slot = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, n in runs])
     rows = slot.shape[0]
@@ -110,7 +110,7 @@ def test_pieces_cut_a_tiles_runs_laid_end_to_end():
     runs' cells laid end to end and cut into pieces that begin and end inside runs; a tile of
     one short run, most pieces past it (empty partials); a tile whose rows see no cell. Each
     row still sees exactly its own cells."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
     g = torch.Generator().manual_seed(6)
     decode = torch.arange(block) % SLOTS
     slot = torch.cat([decode, torch.zeros(block, dtype=torch.int64), torch.ones(3, dtype=torch.int64)])
@@ -131,7 +131,7 @@ def test_owners_of_fewer_rows_than_a_tile_straddle_its_edges():
     BLOCK_R and BLOCK_R + 2 rows: runs that begin anywhere in a tile and end in the next one
     (one segment, `test_segments_...` below) and a long run cut at the tiles' edges. Each row
     sees exactly its own cells."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
     sizes = [block - 1] * 4 + [9, 1, block, block + 2, 9]
     slot = torch.cat([torch.full((n,), o % SLOTS, dtype=torch.int64) for o, n in enumerate(sizes)])
     rows = slot.shape[0]
