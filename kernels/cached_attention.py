@@ -193,9 +193,9 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
         stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
         row = first + i // BLOCK_G
         live = (row < stop) & in_group
-        # a piece past the work (most pieces, at long max_seq_len and short runs) reads no interval (so no cell)
-        # and stores empty partials (read as the others, ~1.5x the time of a 16-row step at 32768 cells on the
-        # H100: benchmarks/HISTORY.md, session 59)
+        # a piece past the tile's work (short segments) reads no interval (so no cell) and stores empty partials;
+        # its program still costs: 16 pieces a tile at 16 rows an owner of 128-2048 cells took 250.8 us on the
+        # H100, 258.5 with the intervals read, 156.4 in 4 pieces (benchmarks/HISTORY.md, session 59: `splits_for`)
         reads = live & (split < pieces)
         lo = tl.where(reads, tl.maximum(tl.load(lo_ptr + row, mask=reads, other=0), 0), 0)
         hi = tl.where(reads, tl.minimum(tl.load(hi_ptr + row, mask=reads, other=0), cells), 0)
