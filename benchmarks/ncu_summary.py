@@ -10,6 +10,8 @@ same calls took, so the difference is launch overhead and host work.
 
     python benchmarks/ncu_summary.py ncu.csv [--top 25] [--out PROFILE.md]
     python benchmarks/ncu_summary.py ncu.csv --last 9   (one op call's launches, in order)
+    python benchmarks/ncu_summary.py ncu.csv --calls    (each method call of the runner's steps
+        broken down into GEMMs, attention, heads and the rest: issue #26's step breakdown)
 """
 
 import argparse
@@ -52,6 +54,50 @@ def read(path: Path, shapes: bool = False) -> list[tuple]:
     return out
 
 
+# A method call's last launch: the drafter's argmax ends draft_forward, the accept launch ends
+# target_verify (dflash_verify and dflash_verify_argmax alike): programs with fused heads only.
+CALL_ENDS = {"greedy_rows_kernel": "draft_forward", "verify_accept_kernel": "target_verify"}
+PARTS = ("GEMMs", "attention", "heads", "other")
+
+
+def part(name: str) -> str:
+    """Where a launch's time goes in a step: GEMMs (Inductor's templates, cuBLAS / CUTLASS
+    kernels), attention (`dflash::cached_attention`'s two kernels), heads (the verify and
+    sampling heads, the drafts' argmax), other (Inductor's pointwise and reduction kernels)."""
+    low = name.lower()
+    if name.startswith("triton_tem_") or any(word in low for word in ("gemm", "xmma", "cutlass")):
+        return "GEMMs"
+    if name.startswith(("cached_attention_kernel", "combine_kernel")):
+        return "attention"
+    if name.startswith(("verify_", "greedy_rows_kernel", "sample_", "chunk_kernel")):
+        return "heads"
+    return "other"
+
+
+def calls(launches: list[tuple[str, float]]) -> list[str]:
+    """Each method call, in order, found by its last launch (CALL_ENDS), its kernel time by part."""
+    lines = ["| call | method | launches | kernels us | " + " | ".join(f"{p} us" for p in PARTS) + " |",
+             "|---|---|---|---|" + "---|" * len(PARTS)]
+    current: dict[str, float] = defaultdict(float)
+    count = found = 0
+    for name, us in launches:
+        current[part(name)] += us
+        count += 1
+        method = CALL_ENDS.get(kind(name))
+        if method is not None:
+            found += 1
+            total = sum(current.values())
+            lines.append(f"| {found} | {method} | {count} | {total:.0f} | " + " | ".join(
+                f"{current[p]:.0f} ({current[p] / max(total, 1e-9):.0%})" for p in PARTS) + " |")
+            current, count = defaultdict(float), 0
+    if not found:
+        raise SystemExit(f"no method call found: none of {', '.join(CALL_ENDS)} was launched (a program "
+                         "without fused heads? then use the plain summary)")
+    if count:
+        lines.append(f"(after the last call: {count} launches, {sum(current.values()):.0f} us)")
+    return lines
+
+
 def summary(launches: list[tuple[str, float]], top: int = 25) -> list[str]:
     total = sum(us for _, us in launches)
     groups: dict[str, list[float]] = defaultdict(list)
@@ -78,8 +124,13 @@ def main(argv=None) -> int:
     ap.add_argument("--last", type=int, default=0,
                     help="instead, the last N launches one by one, in order, with their grid and block "
                          "(one call of an op: its launches, e.g. the sample select's stages)")
+    ap.add_argument("--calls", action="store_true",
+                    help="instead, each method call (draft_forward, target_verify) in order, its kernel time "
+                         "broken down into GEMMs, attention, heads and the rest")
     args = ap.parse_args(argv)
-    if args.last:
+    if args.calls:
+        text = "\n".join(calls(read(args.csv))) + "\n"
+    elif args.last:
         rows = read(args.csv, shapes=True)[-args.last:]
         text = "\n".join(["| kernel | grid | block | us |", "|---|---|---|---|"]
                          + [f"| {kind(n)} | {g} | {b} | {us:.1f} |" for n, g, b, us in rows]) + "\n"

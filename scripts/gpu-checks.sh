@@ -21,9 +21,11 @@
 #   scripts/gpu-checks.sh runner-bench  a CUDA export (default qwen3-smoke-sampling-cuda; --config, --prompt-max ...) timed in the
 #                                   C++ runner, max_owners owners ($OUT/RUNNER.md)
 #   scripts/gpu-checks.sh profile   after runner-bench in the same call: the runner's decoding steps' kernels
-#                                   under Nsight Compute (64 greedy owners, 17 new tokens: a step of 16 rows
-#                                   each; PROFILE_PROMPT / PROFILE_PROMPT_MAX: prompt lengths, default 16;
+#                                   under Nsight Compute (64 greedy owners, 17 new tokens: the first step 16
+#                                   rows an owner, then an owner's tokens left, 15 down to 1, with the random
+#                                   drafter; PROFILE_PROMPT / PROFILE_PROMPT_MAX: prompt lengths, default 16;
 #                                   prefill left out by the runner's --profile-steps), by kind ($OUT/PROFILE.md)
+#                                   and each call by GEMMs / attention / heads / other ($OUT/CALLS.md)
 #   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/); its options pass
 #                                   through: --kinds --quick (issue #25's table), --empty-launches, --breakdown
 #   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
@@ -169,6 +171,7 @@ for i in range(64):
     --profile-steps >/dev/null 2>"$OUT/ncu.err"
   echo "ncu exit $?"; tail -3 "$OUT/ncu.err"
   python3 benchmarks/ncu_summary.py "$OUT/ncu.csv" --out "$OUT/PROFILE.md" | head -40
+  python3 benchmarks/ncu_summary.py "$OUT/ncu.csv" --calls --out "$OUT/CALLS.md" | head -8  # (the step broken down)
   ;;
 bench)
   timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60

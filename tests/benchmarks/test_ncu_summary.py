@@ -54,3 +54,21 @@ def test_the_last_launches_one_by_one_in_order(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[2:4] == ["| verify_filtered_kernel | (64, 1, 1) | (128, 1, 1) | 1212.5 |",
                           "| verify_accept_kernel | (64, 1, 1) | (128, 1, 1) | 4.4 |"]
+
+
+def test_calls_split_at_each_methods_last_launch_and_break_down_by_part(tmp_path):
+    """draft_forward ends at the drafts' argmax, target_verify at the accept launch; each call's
+    time by GEMMs, attention (both kernels), heads and the rest; launches after the last call named."""
+    path = tmp_path / "ncu.csv"
+    names = [("triton_tem_fused_mm_0", 300), ("cached_attention_kernel", 100), ("greedy_rows_kernel", 50),
+             ("triton_red_fused_rsqrt_1", 10), ("sm90_xmma_gemm_bf16", 600), ("cached_attention_kernel", 200),
+             ("combine_kernel", 20), ("verify_rows_kernel", 30), ("verify_accept_kernel", 5),
+             ("triton_poi_fused_add_2", 7)]
+    path.write_text("\n".join([HEADER] + [_row(i, n, "usecond", us) for i, (n, us) in enumerate(names)]) + "\n")
+    lines = ncu_summary.calls(ncu_summary.read(path))
+    assert lines[2] == "| 1 | draft_forward | 3 | 450 | 300 (67%) | 100 (22%) | 50 (11%) | 0 (0%) |"
+    assert lines[3] == "| 2 | target_verify | 6 | 865 | 600 (69%) | 220 (25%) | 35 (4%) | 10 (1%) |"
+    assert lines[4] == "(after the last call: 1 launches, 7 us)"
+    path.write_text("\n".join([HEADER, _row(0, "triton_tem_fused_mm_0", "usecond", 1)]) + "\n")
+    with pytest.raises(SystemExit, match="no method call found"):
+        ncu_summary.calls(ncu_summary.read(path))
