@@ -47,6 +47,18 @@ def _f64(*ts):
     return [t.double() if t.is_floating_point() else t for t in ts]
 
 
+def _matches_reference(slot, lo, hi, g):
+    """The op on random float32 q and caches (drawn from g) for rows of these slots and intervals
+    equals the reference to rounding; returns its output."""
+    rows = slot.shape[0]
+    q = torch.randn(rows, HEADS, DIM, generator=g)
+    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
+    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, hi)
+    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, hi), rtol=1e-5, atol=1e-5)
+    return got
+
+
 def test_float32_equals_the_reference_to_rounding():
     q, k, v, slot, lo, hi = _case(torch.float32)
     got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, hi)
@@ -98,11 +110,7 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     g = torch.Generator().manual_seed(4)
     position = torch.randint(0, CELLS, (rows,), generator=g)
     lo = torch.where(torch.rand(rows, generator=g) < 0.2, position // 2, torch.zeros_like(position))
-    q = torch.randn(rows, HEADS, DIM, generator=g)
-    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
-    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+    _matches_reference(slot, lo, position + 1, g)
 
 
 def test_pieces_cut_a_tiles_runs_laid_end_to_end():
@@ -116,13 +124,7 @@ def test_pieces_cut_a_tiles_runs_laid_end_to_end():
     slot = torch.cat([decode, torch.zeros(block, dtype=torch.int64), torch.ones(3, dtype=torch.int64)])
     position = torch.cat([torch.randint(CELLS // 2, CELLS, (block,), generator=g), torch.arange(block) % 3,
                           torch.full((3,), -1)])
-    rows = slot.shape[0]
-    q = torch.randn(rows, HEADS, DIM, generator=g)
-    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    lo = torch.zeros_like(position)
-    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
-    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+    got = _matches_reference(slot, torch.zeros_like(position), position + 1, g)
     assert (got[-3:] == 0).all()
 
 
@@ -134,16 +136,10 @@ def test_owners_of_fewer_rows_than_a_tile_straddle_its_edges():
     block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
     sizes = [block - 1] * 4 + [9, 1, block, block + 2, 9]
     slot = torch.cat([torch.full((n,), o % SLOTS, dtype=torch.int64) for o, n in enumerate(sizes)])
-    rows = slot.shape[0]
     g = torch.Generator().manual_seed(7)
     last = torch.randint(block + 2, CELLS, (len(sizes),), generator=g)  # each owner's last position
     position = torch.cat([last[o] - n + 1 + torch.arange(n) for o, n in enumerate(sizes)])
-    q = torch.randn(rows, HEADS, DIM, generator=g)
-    k = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    v = torch.randn(SLOTS, CELLS, KV, DIM, generator=g)
-    lo = torch.zeros_like(position)
-    got = torch.ops.dflash.cached_attention(q, k, v, slot, lo, position + 1)
-    torch.testing.assert_close(got, ca.reference(q, k, v, slot, lo, position + 1), rtol=1e-5, atol=1e-5)
+    _matches_reference(slot, torch.zeros_like(position), position + 1, g)
 
 
 @triton.jit
