@@ -11,9 +11,8 @@ max_seq_len: the time must stay flat in it), and ones drawn from [128, max_seq_l
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
 cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
 bandwidth measured in the same run) and the ratio to it; the same op with twice the pieces
-a tile may take (`splits_for` doubled, up to MAX_SPLITS: more programs for a tile of many
-short runs, as in decoding; untried in the op itself) and with every run whole (one program a
-run and KV head: `SPLIT_CELLS` out of reach) against the same floor; the op's
+a tile may take (`splits_for` doubled, up to MAX_SPLITS) and with every run whole (one program
+a run and KV head: `SPLIT_CELLS` out of reach) against the same floor; the op's
 largest error on two owners against float64; and, with --reference, the models' reference
 (gather of every row's whole slot + masked SDPA) where its gather fits in memory. Not by
 default: on the H200 the op timed right after the reference came out well above its other
