@@ -144,8 +144,8 @@ def main(argv=None) -> int:
             case = step_case(g, args.owners, rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
                              dtype, device)
             op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
-            pieces = ca.launch_meta(dtype, args.heads, args.kv_heads, args.head_dim, cells, args.owners * rows)[0][
-                "SPLITS"]
+            block_r = ca.launch_meta(dtype, args.heads, args.kv_heads, args.head_dim, cells)[0]["BLOCK_R"]
+            pieces = ca.splits_for(cells, -(-args.owners * rows // block_r) * args.kv_heads)  # (the kernel's pick)
             gathered = 2 * args.owners * rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
                 with twice_the_pieces():

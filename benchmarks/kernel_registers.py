@@ -204,11 +204,11 @@ def main(argv=None) -> int:
                 f"sample_select {logits} {stage_label(stage, inline)}", sample_rows.sample_select_kernel, logits,
                 dict(BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes), warps or heavy.warps)
         # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head), whole runs
-        # (a 256-cell slot) and runs in pieces (32k cells, a verify step's 1024 rows; then their combine)
+        # (a 256-cell slot) and runs in pieces (32k cells; then their combine)
         for heads in (16, 32):
             for cells in (256, 32768):
                 meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
-                                                           heads, 8, 128, cells, 1024)
+                                                           heads, 8, 128, cells)
                 ok &= compile_one(
                     f"cached_attention {logits} G={meta['GROUPS']} splits={meta['SPLITS']}",
                     cached_attention.cached_attention_kernel, logits, meta, warps,
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
                            **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
                            "scale": "fp64",  # as AOTInductor passes a Python float
                            **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
-            combine = {k: meta[k] for k in ("GROUPS", "BLOCK_G", "HEAD_DIM", "BLOCK_D", "SPLITS")}
+            combine = {k: meta[k] for k in cached_attention.COMBINE_META}
             ok &= compile_one(f"cached_attention combine {logits} G={meta['GROUPS']}", cached_attention.combine_kernel,
                               logits, combine, cached_attention.COMBINE_WARPS,
                               types={"out_ptr": logits, **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")}})

@@ -67,6 +67,7 @@ MAX_SPLITS = 16  # pieces a tile's work at most (the partials of 1024 rows x 16 
 PIECES_MANY, PIECES_FEW = 4, 8  # pieces a tile at most where (tile, KV head) pairs are many / few (`splits_for`)
 MANY_PROGRAMS = 256  # (tile, KV head) pairs from which they are many
 COMBINE_WARPS = 2
+COMBINE_META = ("GROUPS", "BLOCK_G", "BLOCK_R", "HEAD_DIM", "BLOCK_D", "SPLITS", "BUSY_SPLITS", "BUSY_PROGRAMS")
 
 
 def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -85,24 +86,39 @@ def splits_for(cells: int, programs: int) -> int:
     pairs alone nearly fill the GPU (a verify step: 64 tiles x 8 KV heads), PIECES_FEW where they
     are few (decoding, a row an owner: 4 x 8). Pieces past a tile's work still cost their
     programs, and a launch of 16 pieces a tile took ~1.6x the time of one of 4 at 16 rows an
-    owner of 128-2048 cells; decoding wants more, 8 (benchmarks/HISTORY.md, session 59)."""
+    owner of 128-2048 cells; decoding wants more, 8 (benchmarks/HISTORY.md, session 59).
+    The kernel applies it at run time (`_pieces_at_most`): a program's row count is dynamic."""
     if cells < 2 * SPLIT_CELLS:
         return 1
     return min(MAX_SPLITS, PIECES_MANY if programs >= MANY_PROGRAMS else PIECES_FEW)
 
 
-def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int,
-                rows: int) -> tuple[dict, int]:
-    """The kernel's constexprs and warps for one head layout, slot size and row count (the
-    launcher and the sm_90 compile check, benchmarks/kernel_registers.py, use the same ones).
-    BLOCK_R x BLOCK_G >= 16 query vectors: `tl.dot`'s smallest operand."""
+def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int) -> tuple[dict, int]:
+    """The kernel's constexprs and warps for one head layout and slot size (the launcher and the
+    sm_90 compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G >=
+    16 query vectors: `tl.dot`'s smallest operand. SPLITS: the pieces of a launch of few programs
+    (the grid's third dimension, the partials' layout); BUSY_SPLITS those of a launch of
+    BUSY_PROGRAMS or more. Not from the row count: an exported program is traced at its largest
+    (`export/methods.trace_sizes`) and runs at any, so `_pieces_at_most` picks at run time (picked
+    at the trace, decoding's 64 rows ran in a verify step's 4 pieces: +10% a target-only step in
+    the runner, benchmarks/HISTORY.md, session 60)."""
     groups = heads // kv_heads
     block_g = triton.next_power_of_2(groups)
     block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
+    splits, busy = splits_for(cells, 0), splits_for(cells, MANY_PROGRAMS)
+    assert busy <= splits, f"the pieces of a busy launch ({busy}) exceed those of an idle one ({splits})"
     return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
-                SPLITS=splits_for(cells, triton.cdiv(rows, block_r) * kv_heads), SPLIT_CELLS=SPLIT_CELLS), 4
+                SPLITS=splits, BUSY_SPLITS=busy, BUSY_PROGRAMS=MANY_PROGRAMS, SPLIT_CELLS=SPLIT_CELLS), 4
+
+
+@triton.jit
+def _pieces_at_most(tiles, kv_heads, SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr, BUSY_PROGRAMS: tl.constexpr):
+    """`splits_for` for this launch's (tile, KV head) pairs, at run time: the pieces a tile's work
+    is cut into at most; a program of a later piece stores nothing and `combine_kernel` reads
+    none of its partials."""
+    return tl.where(tiles * kv_heads >= BUSY_PROGRAMS, BUSY_SPLITS, SPLITS)
 
 
 @triton.jit
@@ -153,14 +169,19 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
                             cells, scale, q_row, q_head, c_slot, c_cell, c_head,
                             GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr):
+                            SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr, BUSY_PROGRAMS: tl.constexpr,
+                            SPLIT_CELLS: tl.constexpr):
     """Program (tile, kv, split): for KV head kv, piece `split` of the tile's work (the cells of
     each of its segments, laid end to end). SPLITS 1: the output of the segments' rows; else,
     for each segment, the partial softmax (m, l, acc) of its cells in the piece (none: empty)
-    for `combine_kernel`."""
+    for `combine_kernel`; nothing from a piece past this launch's `_pieces_at_most`."""
     tile = tl.program_id(0).to(tl.int64) * BLOCK_R
     kv = tl.program_id(1)
     split = tl.program_id(2)
+    if SPLITS > 1:
+        limit = _pieces_at_most(tl.num_programs(0), tl.num_programs(1), SPLITS, BUSY_SPLITS, BUSY_PROGRAMS)
+        if split >= limit:
+            return
     num_heads = GROUPS * tl.num_programs(1)
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
@@ -182,7 +203,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     pieces = tl.full((), 1, tl.int64)
     if SPLITS > 1:
         work = _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells)
-        pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), SPLITS)
+        pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), limit)
         size = tl.cdiv(tl.cdiv(work, pieces), BLOCK_N) * BLOCK_N  # whole blocks, at least SPLIT_CELLS cells
         piece_lo = split * size
         piece_hi = piece_lo + size
@@ -250,18 +271,23 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
 
 
 @triton.jit
-def combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
-    """Program (row, kv): the row's query heads of KV head kv from their SPLITS partials, each
-    weighted by exp(its max - the largest); a head no piece saw a cell for gets zeros."""
+def combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr,
+                   BUSY_PROGRAMS: tl.constexpr):
+    """Program (row, kv): the row's query heads of KV head kv from their partials (the first
+    `_pieces_at_most` of SPLITS), each weighted by exp(its max - the largest); a head no piece saw
+    a cell for gets zeros."""
     row = tl.program_id(0).to(tl.int64)
     num_heads = GROUPS * tl.num_programs(1)
     g = tl.arange(0, BLOCK_G)
     heads = tl.program_id(1) * GROUPS + g
-    live = g < GROUPS
-    part = (row * num_heads + heads)[:, None] * SPLITS + tl.arange(0, SPLITS)[None, :]
-    m = tl.load(m_ptr + part, mask=live[:, None], other=float("-inf"))
-    total = tl.load(l_ptr + part, mask=live[:, None], other=0.0)
+    limit = _pieces_at_most(tl.cdiv(tl.num_programs(0), BLOCK_R), tl.num_programs(1), SPLITS, BUSY_SPLITS,
+                            BUSY_PROGRAMS)
+    split = tl.arange(0, SPLITS)
+    live = (g < GROUPS)[:, None] & (split < limit)[None, :]
+    part = (row * num_heads + heads)[:, None] * SPLITS + split[None, :]
+    m = tl.load(m_ptr + part, mask=live, other=float("-inf"))
+    total = tl.load(l_ptr + part, mask=live, other=0.0)
     top = tl.max(m, axis=1)
     w = tl.where(total > 0, tl.exp(m - tl.where(top == float("-inf"), 0.0, top)[:, None]), 0.0)
     d = tl.arange(0, BLOCK_D)
@@ -271,7 +297,7 @@ def combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G
     out = tl.sum(w[:, :, None] * acc, axis=1)
     out = tl.where(weight[:, None] > 0, out / tl.maximum(weight, 1e-30)[:, None], 0.0)
     at = row * num_heads * HEAD_DIM + heads[:, None] * HEAD_DIM + d[None, :]
-    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=live[:, None] & (d < HEAD_DIM)[None, :])
+    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=(g < GROUPS)[:, None] & (d < HEAD_DIM)[None, :])
 
 
 def _check(q, k_cache, v_cache, slot, lo, hi) -> None:
@@ -319,7 +345,7 @@ def cached_attention(
     out = q.new_empty((rows, heads * dim))
     if rows == 0:
         return out
-    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1], rows)
+    meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1])
     splits = meta["SPLITS"]
     parts = (rows, heads, splits)  # the pieces' partials (SPLITS 1: none; the output is written at once)
     m, total = (torch.empty(parts if splits > 1 else 0, dtype=torch.float32, device=q.device) for _ in range(2))
@@ -330,8 +356,7 @@ def cached_attention(
     )
     if splits > 1:
         wrap_triton(combine_kernel)[(rows, kv_heads)](
-            m, total, acc, out, GROUPS=meta["GROUPS"], BLOCK_G=meta["BLOCK_G"], HEAD_DIM=dim,
-            BLOCK_D=meta["BLOCK_D"], SPLITS=splits, num_warps=COMBINE_WARPS)
+            m, total, acc, out, **{k: meta[k] for k in COMBINE_META}, num_warps=COMBINE_WARPS)
     return out
 
 

@@ -103,7 +103,7 @@ def test_runs_of_one_slots_rows_share_a_program_and_keep_their_own_intervals():
     program's BLOCK_R rows, a slot met again further down, a lone row), each row causal on its
     own position, a few windowed. One program reads a run's cells for all its rows; every
     row still sees only its own interval."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
     runs = [(0, 5), (1, block), (2, block + 3), (0, 2), (1, 1), (2, 2 * block + 1), (0, 3)]
     slot = torch.cat([torch.full((n,), s, dtype=torch.int64) for s, n in runs])
     rows = slot.shape[0]
@@ -118,7 +118,7 @@ def test_pieces_cut_a_tiles_runs_laid_end_to_end():
     runs' cells laid end to end and cut into pieces that begin and end inside runs; a tile of
     one short run, most pieces past it (empty partials); a tile whose rows see no cell. Each
     row still sees exactly its own cells."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
     g = torch.Generator().manual_seed(6)
     decode = torch.arange(block) % SLOTS
     slot = torch.cat([decode, torch.zeros(block, dtype=torch.int64), torch.ones(3, dtype=torch.int64)])
@@ -133,13 +133,51 @@ def test_owners_of_fewer_rows_than_a_tile_straddle_its_edges():
     BLOCK_R and BLOCK_R + 2 rows: runs that begin anywhere in a tile and end in the next one
     (one segment, `test_segments_...` below) and a long run cut at the tiles' edges. Each row
     sees exactly its own cells."""
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS, 1)[0]["BLOCK_R"]
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
     sizes = [block - 1] * 4 + [9, 1, block, block + 2, 9]
     slot = torch.cat([torch.full((n,), o % SLOTS, dtype=torch.int64) for o, n in enumerate(sizes)])
     g = torch.Generator().manual_seed(7)
     last = torch.randint(block + 2, CELLS, (len(sizes),), generator=g)  # each owner's last position
     position = torch.cat([last[o] - n + 1 + torch.arange(n) for o, n in enumerate(sizes)])
     _matches_reference(slot, torch.zeros_like(position), position + 1, g)
+
+
+@pytest.mark.parametrize("tiles", [1, 3])
+def test_a_busy_launch_cuts_its_tiles_into_fewer_pieces_at_run_time(tiles, split, monkeypatch):
+    """`splits_for` picks the pieces from the launch's (tile, KV head) pairs inside the kernel,
+    not at the trace: an exported program is traced at its most rows and runs at any. Here
+    PIECES_FEW 4 below MANY_PROGRAMS 4 pairs, PIECES_MANY 2 from there: a tile of 1 x 2 pairs
+    fills all four pieces' partials, 3 x 2 pairs the first two only (the others left as
+    allocated: NaN here, which the combine must not read), and the rows match the reference."""
+    if split != 8:
+        pytest.skip("the rule is the same under each split: run once, at pieces of 8 cells")
+    monkeypatch.setattr(ca, "PIECES_FEW", 4)
+    monkeypatch.setattr(ca, "PIECES_MANY", 2)
+    monkeypatch.setattr(ca, "MANY_PROGRAMS", 4)
+    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
+    rows = tiles * block
+    g = torch.Generator().manual_seed(8)
+    slot = torch.arange(rows) % SLOTS  # decode rows: a run a row, each of 64 cells or more
+    lo, hi = torch.zeros(rows, dtype=torch.int64), torch.randint(N, CELLS + 1, (rows,), generator=g)
+    case = (torch.randn(rows, HEADS, DIM, generator=g), torch.randn(SLOTS, CELLS, KV, DIM, generator=g),
+            torch.randn(SLOTS, CELLS, KV, DIM, generator=g), slot, lo, hi)
+    made, empty = [], torch.empty
+
+    def nan_empty(*shape, **kw):
+        t = empty(*shape, **kw)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+            made.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = torch.ops.dflash.cached_attention(*case)
+    monkeypatch.setattr(torch, "empty", empty)
+    m = made[0]  # the partials' maxima [rows, HEADS, 4]
+    assert m.shape == (rows, HEADS, 4)
+    pieces = 4 if tiles * KV < 4 else 2
+    assert not m[:, :, :pieces].isnan().any() and m[:, :, pieces:].isnan().all()
+    torch.testing.assert_close(got, ca.reference(*case), rtol=1e-5, atol=1e-5)
 
 
 @triton.jit
