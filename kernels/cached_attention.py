@@ -25,8 +25,10 @@ of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own 
 [lo, hi), with an online softmax (running max and sum, rescaled accumulator).
 
 Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its segments' unions laid
-end to end (`_tile_work`), is cut into up to SPLITS (`splits_for`) pieces of whole blocks, at
-least SPLIT_CELLS cells each, one a program; a piece may begin and end inside a segment. For
+end to end (`_tile_work`), is cut into pieces of whole blocks, at least SPLIT_CELLS cells each,
+one a program, as many as `splits_for` gives the launch's (tile, KV head) pairs at most (picked in
+the kernel: the row count is dynamic in an exported program); a piece may begin and end inside a
+segment. For
 each segment, a program stores the partial softmax of its cells in the piece (max, sum,
 unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none: every segment
 of a piece past the tile's work, without reading a cell), and `combine_kernel` merges them
@@ -100,8 +102,9 @@ def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, ce
     (the grid's third dimension, the partials' layout); BUSY_SPLITS those of a launch of
     BUSY_PROGRAMS or more. Not from the row count: an exported program is traced at its largest
     (`export/methods.trace_sizes`) and runs at any, so `_pieces_at_most` picks at run time (picked
-    at the trace, decoding's 64 rows ran in a verify step's 4 pieces: +10% a target-only step in
-    the runner, benchmarks/HISTORY.md, session 60)."""
+    at the trace, decoding's 64 rows ran in a verify step's 4 pieces: a one-row call's kernels
+    2969 us against 2655 picked at run time in the runner's profile, benchmarks/HISTORY.md,
+    session 60)."""
     groups = heads // kv_heads
     block_g = triton.next_power_of_2(groups)
     block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
