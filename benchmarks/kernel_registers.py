@@ -1,6 +1,8 @@
 """Compile every kernel variant the launchers produce for sm_90, without a GPU, and print
-each one's registers, stack and spills (`cuobjdump -res-usage`) and how many asynchronous copy
-instructions its PTX holds (0: no loop was software-pipelined). Not a test: a check to run
+each one's registers, stack and spills (`cuobjdump -res-usage`), how many asynchronous copy
+instructions its PTX holds (0: no loop was software-pipelined) and its shared memory in bytes
+(with the registers, what sets the programs an SM: an H100 SM has 228 KB, less 1 KB a program;
+the attention's 77,824 bytes allow 2). Not a test: a check to run
 before spending GPU time (it catches what the interpreter does not: non-constexpr globals,
 type mismatches in branches the test data never takes, register blow-ups).
 
@@ -130,7 +132,7 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
         return False
     ptx = kernel.asm["ptx"]
     copies = ptx.count("cp.async.ca") + ptx.count("cp.async.cg") + ptx.count("cp.async.bulk")
-    print(f"{label:48s} {resources(kernel)} async-copies:{copies}")
+    print(f"{label:48s} {resources(kernel)} async-copies:{copies} smem:{kernel.metadata.shared}")
     if ASM_DIR:
         name = label.replace(" ", "_").replace("*", "").replace("=", "-")
         for kind in ("ttgir", "ptx"):
