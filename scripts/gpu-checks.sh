@@ -43,6 +43,14 @@
 #                                   the models' reference) ($OUT/ATTENTION.md)
 #   scripts/gpu-checks.sh chain 570 kernels "bench --kinds --quick" phases   stages in turn within one call's
 #                                   seconds (each bounded by the time left; one that does not fit is named)
+#   scripts/gpu-checks.sh detach "stage [options]"   a stage longer than one device call (the 32k export):
+#                                   started in a process session of its own (setsid), which the device
+#                                   tool leaves running after the call returns, until the machine goes
+#                                   back; its $OUT and log in $DETACHED (default /tmp/detached). One at a
+#                                   time. Raise the stage's own limit (RUNTIME_TIMEOUT=1500 for runner-bench)
+#   scripts/gpu-checks.sh wait SECONDS   waits up to SECONDS for the detached stage, then copies its $OUT and
+#                                   log into this call's $OUT; call it again, at once (an idle machine goes
+#                                   back within a minute), until it says "done"
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
 #                                   power-law and peaked rows, bf16 and fp32, top-p 0.9 / 0.99, top-k 1000
 #                                   ($OUT/SAMPLE_SELECT.md)
@@ -227,6 +235,39 @@ sample-select)
     done
   done 2>&1 | tee "$OUT/SAMPLE_SELECT.md" | grep -v "^$" | tail -80
   ;;
+detach)
+  detached="${DETACHED:-/tmp/detached}"
+  [[ -n "${2:-}" ]] || { echo "detach: give the stage and its options as one argument" >&2; exit 2; }
+  if [[ -e "$detached/pid" && ! -e "$detached/rc" ]] && kill -0 "$(cat "$detached/pid")" 2>/dev/null; then
+    echo "detach: a stage is still running ($(cat "$detached/stage")): scripts/gpu-checks.sh wait SECONDS" >&2; exit 1
+  fi
+  rm -rf "$detached"; mkdir -p "$detached/out"
+  echo "$2" > "$detached/stage"
+  # shellcheck disable=SC2086  # (a stage and its options: words)
+  OUT="$detached/out" setsid bash -c 'bash "$0" "${@:2}" > "$1/log" 2>&1; echo $? > "$1/rc"' \
+    "${BASH_SOURCE[0]}" "$detached" $2 < /dev/null > /dev/null 2>&1 &
+  echo $! > "$detached/pid"
+  echo "detached: $2 (pid $!, log $detached/log)"
+  ;;
+wait)
+  detached="${DETACHED:-/tmp/detached}"
+  [[ -e "$detached/stage" ]] || { echo "wait: no detached stage (scripts/gpu-checks.sh detach \"stage ...\")" >&2; exit 2; }
+  budget=${2:?wait: give the seconds}
+  start=$(date +%s)
+  while [[ ! -e "$detached/rc" ]] && (( $(date +%s) - start < budget )); do
+    kill -0 "$(cat "$detached/pid")" 2>/dev/null || break  # (gone without an exit status: killed)
+    sleep 5
+  done
+  cp -r "$detached/out/." "$OUT/" 2>/dev/null; cp "$detached/log" "$OUT/detached.log" 2>/dev/null
+  tail -40 "$detached/log" 2>/dev/null
+  if [[ -e "$detached/rc" ]]; then
+    rc=$(cat "$detached/rc"); echo "== detached $(cat "$detached/stage"): done, exit $rc"; exit "$rc"
+  elif kill -0 "$(cat "$detached/pid")" 2>/dev/null; then
+    echo "== detached $(cat "$detached/stage"): running after $(( $(date +%s) - start )) s more: wait again"
+  else
+    echo "== detached $(cat "$detached/stage"): gone without an exit status (killed?)"; exit 1
+  fi
+  ;;
 chain)
   # stages one after the other within one device call: chain SECONDS "stage [options]" ...; each stage
   # bounded by the seconds left, a stage skipped (and named) when fewer than 30 are left
@@ -242,5 +283,6 @@ chain)
   echo "== chain done in $(( $(date +%s) - start )) s"
   ;;
 *) echo "usage: scripts/gpu-checks.sh kernels|parity-small|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2
+   echo "       scripts/gpu-checks.sh detach \"stage [options]\"; scripts/gpu-checks.sh wait SECONDS   (past one call)" >&2
    echo "       scripts/gpu-checks.sh chain SECONDS \"stage [options]\" ...   (stages in turn within SECONDS)" >&2; exit 2 ;;
 esac
