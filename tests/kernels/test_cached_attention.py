@@ -142,44 +142,6 @@ def test_owners_of_fewer_rows_than_a_tile_straddle_its_edges():
     _matches_reference(slot, torch.zeros_like(position), position + 1, g)
 
 
-@pytest.mark.parametrize("tiles", [1, 3])
-def test_a_busy_launch_cuts_its_tiles_into_fewer_pieces_at_run_time(tiles, split, monkeypatch):
-    """`splits_for` picks the pieces from the launch's (tile, KV head) pairs inside the kernel,
-    not at the trace: an exported program is traced at its most rows and runs at any. Here
-    PIECES_FEW 4 below MANY_PROGRAMS 4 pairs, PIECES_MANY 2 from there: a tile of 1 x 2 pairs
-    fills all four pieces' partials, 3 x 2 pairs the first two only (the others left as
-    allocated: NaN here, which the combine must not read), and the rows match the reference."""
-    if split != 8:
-        pytest.skip("the rule is the same under each split: run once, at pieces of 8 cells")
-    monkeypatch.setattr(ca, "PIECES_FEW", 4)
-    monkeypatch.setattr(ca, "PIECES_MANY", 2)
-    monkeypatch.setattr(ca, "MANY_PROGRAMS", 4)
-    block = ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"]
-    rows = tiles * block
-    g = torch.Generator().manual_seed(8)
-    slot = torch.arange(rows) % SLOTS  # decode rows: a run a row, each of 64 cells or more
-    lo, hi = torch.zeros(rows, dtype=torch.int64), torch.randint(N, CELLS + 1, (rows,), generator=g)
-    case = (torch.randn(rows, HEADS, DIM, generator=g), torch.randn(SLOTS, CELLS, KV, DIM, generator=g),
-            torch.randn(SLOTS, CELLS, KV, DIM, generator=g), slot, lo, hi)
-    made, empty = [], torch.empty
-
-    def nan_empty(*shape, **kw):
-        t = empty(*shape, **kw)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-            made.append(t)
-        return t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-    got = torch.ops.dflash.cached_attention(*case)
-    monkeypatch.setattr(torch, "empty", empty)
-    m = made[0]  # the partials' maxima [rows, HEADS, 4]
-    assert m.shape == (rows, HEADS, 4)
-    pieces = 4 if tiles * KV < 4 else 2
-    assert not m[:, :, :pieces].isnan().any() and m[:, :, pieces:].isnan().all()
-    torch.testing.assert_close(got, ca.reference(*case), rtol=1e-5, atol=1e-5)
-
-
 @triton.jit
 def _tiles_segments(slot_ptr, before_ptr, back_ptr, starts_ptr, ids_ptr, rows, BLOCK_R: tl.constexpr):
     """`ca._segments` of each tile, given its rows' slots, the slots before them and `back`."""
