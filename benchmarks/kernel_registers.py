@@ -97,8 +97,9 @@ def stage_label(stage: int, inline: bool) -> str:
 
 
 def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greedy: bool = False,
-                types: dict | None = None) -> bool:
-    """`types`: argument types that differ from the defaults below (by name)."""
+                types: dict | None = None, stages: int | None = None) -> bool:
+    """`types`: argument types that differ from the defaults below (by name); `stages`: the
+    launch's num_stages where it gives one (else Triton's default, as the launch)."""
     if ONLY not in label:
         return True
     constexprs = {**{k: v for k, v in CONSTANTS.items() if k in fn.arg_names}, **constexprs}
@@ -126,7 +127,8 @@ def compile_one(label: str, fn, logits: str, constexprs: dict, warps: int, greed
         if TTIR_ONLY:
             print(f"{label:48s} TTIR ops:{ttir_ops(source, warps)}")
             return True
-        kernel = triton.compile(source, target=TARGET, options={"num_warps": warps})
+        options = {"num_warps": warps, **({"num_stages": stages} if stages is not None else {})}
+        kernel = triton.compile(source, target=TARGET, options=options)
     except Exception as e:  # report every failing variant, then fail
         print(f"FAIL {label}: {type(e).__name__}: {str(e)[-400:]}"); LAST_ERROR.append(e)
         return False
@@ -213,7 +215,7 @@ def main(argv=None) -> int:
                                                            heads, 8, 128, cells)
                 ok &= compile_one(
                     f"cached_attention {logits} G={meta['GROUPS']} splits={meta['SPLITS']}",
-                    cached_attention.cached_attention_kernel, logits, meta, warps,
+                    cached_attention.cached_attention_kernel, logits, meta, warps, stages=cached_attention.STAGES,
                     types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
                            **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
                            "scale": "fp64",  # as AOTInductor passes a Python float

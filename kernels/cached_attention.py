@@ -68,6 +68,9 @@ SPLIT_CELLS = 1024  # cells a piece at least (its partial, 16 KB at 32 x 128, is
 MAX_SPLITS = 16  # pieces a tile's work at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
 PIECES_MANY, PIECES_FEW = 4, 8  # pieces a tile at most where (tile, KV head) pairs are many / few (`splits_for`)
 MANY_PROGRAMS = 256  # (tile, KV head) pairs from which they are many
+STAGES = 3  # the cells loop's software pipeline (Triton's default): its K and V blocks in flight. Shared memory
+# in a half type (sm_90, benchmarks/kernel_registers.py): 77,824 bytes at 3, 2 programs an H100 SM; 45,056 at 2,
+# 3 an SM (then the registers', 168, bound it)
 COMBINE_WARPS = 2
 COMBINE_META = ("GROUPS", "BLOCK_G", "BLOCK_R", "HEAD_DIM", "BLOCK_D", "SPLITS", "BUSY_SPLITS", "BUSY_PROGRAMS")
 
@@ -356,6 +359,7 @@ def cached_attention(
     wrap_triton(cached_attention_kernel)[(triton.cdiv(rows, meta["BLOCK_R"]), kv_heads, splits)](
         q, k_cache, v_cache, slot, lo, hi, out, m, total, acc, rows, k_cache.shape[1], dim ** -0.5,
         heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), **meta, num_warps=warps,
+        num_stages=STAGES,
     )
     if splits > 1:
         wrap_triton(combine_kernel)[(rows, kv_heads)](
