@@ -26,13 +26,12 @@ of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own 
 
 Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its segments' unions laid
 end to end (`_tile_work`), is cut into pieces of whole blocks, at least SPLIT_CELLS cells each,
-one a program, as many as `splits_for` gives the launch's (tile, KV head) pairs at most (picked in
-the kernel: the row count is dynamic in an exported program); a piece may begin and end inside a
-segment. For
-each segment, a program stores the partial softmax of its cells in the piece (max, sum,
-unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none: every segment
-of a piece past the tile's work, without reading a cell), and `combine_kernel` merges them
-per row, weighting each by exp(its max - the largest). Why: one program a run made the
+one a program, as many as `splits_for` gives the launch's (tile, KV head) pairs at most (picked
+in the kernel: the row count is dynamic in an exported program); a piece may begin and end
+inside a segment. For each segment, a program stores the partial softmax of its cells in the
+piece (max, sum, unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none:
+every segment of a piece past the tile's work, without reading a cell), and `combine_kernel`
+merges them per row, weighting each by exp(its max - the largest). Why: one program a run made the
 longest owner's cells one program's work, so at mixed lengths most of the GPU idled at the
 end (1.63x the floor on the H100 at lengths up to 32k, against 1.14x in pieces:
 benchmarks/RESULTS.md); and pieces cut run by run left the program of a tile of many short
