@@ -32,6 +32,7 @@ SEARCH_PROBES = tl.constexpr(4)  # `search_candidates`' probes per round: log5(V
 KEY_OFFSET = tl.constexpr(2147483648)  # signed key + KEY_OFFSET = unsigned key
 LANE_BITS = tl.constexpr(128)  # logits bits per lane and step: the lane layout of lane_stats,
 # combine_lanes and filtered.collect (one 16-byte load per lane)
+MISS_MARGIN = tl.constexpr(1e-5)  # `certain_miss`'s margin, a fraction of S
 SEARCH_STAGES = tl.constexpr(3)  # `search_light`'s chunk steps in flight
 
 
@@ -418,6 +419,28 @@ def light_decision(row_ptr, vocab, temperature, seed, position, d, sampling, x_m
         match = (e_d > 0) & (below <= t) & (t < below + e_d.to(tl.float64))
         token = tl.where(match, d.to(tl.int64), SEARCH_LATER)
     return token, match
+
+
+@triton.jit
+def certain_miss(mass, below, e_d, u, top_p):
+    """Whether a top-p-alone row's token certainly is not its draft d, from its first pass
+    alone: S (`mass`), the mass below d and d's weight e_d (0 where d is out of range or not
+    finite). The kept set K of SPEC.md's step 6 has a mass S_K in [max(p S, 1), min(S, max(p S, 0)
+    + 1)] (rank 0, of weight 1, stays; the last kept token, of weight <= 1, starts below p S), so
+    the kept mass below d, P, lies in [below - (S - S_K), below], and t = u S_K. y == d needs
+    P <= t < P + e_d: it cannot hold when t's largest value is below P's least, or t's least at
+    or above below + e_d, each by MISS_MARGIN S (far above the float error of S and below,
+    ~1e-7 S: a row told "miss" misses under any legal summation order). Where the nucleus
+    is wide and the draft a likely token (an argmax), most rows are told: (1 - p) / p of t's
+    range is left undecided."""
+    p = top_p.to(tl.float64)
+    kept_lo = tl.maximum(p * mass, 1.0)
+    kept_hi = tl.minimum(mass, tl.maximum(p * mass, 0.0) + 1.0)
+    margin = MISS_MARGIN * mass
+    u64 = u.to(tl.float64)
+    below_t = u64 * kept_hi < below - (mass - kept_lo) - margin
+    above_t = u64 * kept_lo >= below + e_d + margin
+    return (e_d <= 0) | below_t | above_t
 
 
 @triton.jit

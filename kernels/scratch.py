@@ -16,6 +16,9 @@ A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per lo
 - 2 words per chunk of a temperature-only row (`prefixes_of`): its prefix mass at each chunk
   end (`sampling_rule.store_prefix`).
 - PART_WORDS per program of a pass of the sample select (`parts_of`): what it counted.
+- VERIFY_WORDS (`verify_of`, `dflash_verify` only): whether the row's token certainly is not its
+  draft (V_MISS), and the select's queue of rows (V_QUEUE: the queue's entry at this row's
+  index; V_QUEUED, in the first row's words only: the queue's length).
 
 Floats are stored as their bits: float32 in the low 32 bits of a word (`f32_word`;
 `word_f32`, `load_f32` read it), float64 as the whole word (`f64_word`; `word_f64`,
@@ -48,6 +51,8 @@ R_DRAFT = tl.constexpr(3)  # the draft token after it (-1: none)
 SEARCH_LATER = tl.constexpr(-2)  # a temperature-only row whose draft does not match: the accept kernel searches
 UNDECIDED = tl.constexpr(-4)  # a top-k / top-p row that a decision step could not settle
 FILTERED_ROW = tl.constexpr(-5)  # a top-k / top-p row until verify_filtered_kernel decides it
+MOOT_ROW = tl.constexpr(-8)  # a top-k / top-p row after an earlier row of its owner that certainly missed its
+# draft (V_MISS): its decision cannot change the owner's result, so nothing decides it
 PASS_ROW = tl.constexpr(-6)  # a top-k / top-p row until the FILTERED row launch reads it
 UNUSED_SLOT = tl.constexpr(-7)  # a slot that holds no admitted (owner, j) pair
 
@@ -111,6 +116,13 @@ P_FINITE_N = tl.constexpr(9)  # the part's finite tokens ...
 P_FINITE_M = tl.constexpr(10)  # ... and their mass (float64)
 PART_WORDS = tl.constexpr(11)
 
+# `dflash_verify`'s words of a pair slot (`verify_of`)
+V_MISS = tl.constexpr(0)  # 1: the row's token is certainly not its draft (`sampling_rule.certain_miss`), so
+# the owner's later rows are moot: written by the first row launch for every top-k / top-p row
+V_QUEUE = tl.constexpr(1)  # the select's queue entry at this slot's index: a FILTERED_ROW's slot
+V_QUEUED = tl.constexpr(2)  # the queue's length (the first slot's words only; zeroed by the first row launch)
+VERIFY_WORDS = tl.constexpr(4)
+
 
 @triton.jit
 def hot_of(work, BUF: tl.constexpr):
@@ -140,6 +152,12 @@ def prefixes_of(work, BUF: tl.constexpr):
 def parts_of(work, BUF: tl.constexpr):
     """A select row's pass parts (SELECT_SPLITS x PART_WORDS words), after its prefix masses."""
     return prefixes_of(work, BUF) + PREFIX_WORDS
+
+
+@triton.jit
+def verify_of(work, BUF: tl.constexpr):
+    """A pair slot's VERIFY_WORDS (`dflash_verify`), after its pass parts."""
+    return parts_of(work, BUF) + SELECT_SPLITS * PART_WORDS
 
 
 @triton.jit
@@ -228,6 +246,13 @@ def store_results(results, token, match, x_max, mass):
     tl.store(results + R_MATCH, match.to(tl.int64))
     tl.store(results + R_X_MAX, f32_word(x_max))
     tl.store(results + R_MASS, f64_word(mass))
+
+
+@triton.jit
+def store_moot(results):
+    """A moot row's mark (MOOT_ROW), not a match (the accept kernel's first miss is earlier)."""
+    tl.store(results + R_TOKEN, MOOT_ROW)
+    tl.store(results + R_MATCH, 0)
 
 
 @triton.jit
@@ -336,7 +361,7 @@ def load_goal(stats_ptr):
 def scratch_width(buf: int) -> int:
     """int64 words per scratch row (the module docstring's layout)."""
     return (2 * buf + HOT_WORDS.value + RESULTS.value + STATS.value + 2 * PREFIX_SPLITS
-            + SELECT_SPLITS.value * PART_WORDS.value)
+            + SELECT_SPLITS.value * PART_WORDS.value + VERIFY_WORDS.value)
 
 
 @dataclass
@@ -354,6 +379,11 @@ class Scratch:
         """[rows, RESULTS]: each row's decision words (R_TOKEN first: its token, or a mark)."""
         start = 2 * self.buf + HOT_WORDS.value
         return self.work[:, start:start + RESULTS.value].cpu()
+
+    def verify_words(self) -> torch.Tensor:
+        """[rows, VERIFY_WORDS]: each pair slot's `verify_of` words (`dflash_verify`)."""
+        start = self.work.shape[1] - VERIFY_WORDS.value
+        return self.work[:, start:].cpu()
 
     def stats(self, row: int) -> dict[str, int]:
         """A filtered row's stats by name (`STAT_NAMES`)."""

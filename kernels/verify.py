@@ -12,11 +12,18 @@ Algorithm, four steps (no host synchronisation between their launches):
    with PREFIXES), so that its search, if any, reads one chunk. A top-k / top-p row
    leaves its lane maxima and masses and its stats in scratch (`filtered.store_lanes`)
    and a mark with its (owner, j) pair; an unused slot gets its own mark.
+   A top-p-alone row also sums the mass below its draft, and tells from S, that mass and
+   the draft's weight whether its token certainly is not the draft
+   (`sampling_rule.certain_miss`; V_MISS): then the owner's accepted count ends at that
+   row or before, and its later rows are *moot*. SPEC.md's rationale: only the row where
+   verification stops needs its token. On wide rows with likely drafts most rows are told,
+   so the select below decides about one row an owner instead of every row.
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
-   `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: their
-   bound and candidates from the stored lanes (`filtered.bound_and_collect`: reads only
-   the lanes that can hold a candidate), decided there when <= 256 candidates settle them
-   (one sort entry per thread). The pass itself stays in launch 1, at that launch's
+   `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: a moot row
+   is marked MOOT_ROW and left; the others' bound and candidates from the stored lanes
+   (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate), decided
+   there when <= 256 candidates settle them (one sort entry per thread), else queued for
+   the select. The pass itself stays in launch 1, at that launch's
    occupancy: the FILTERED instance needs more registers, and the pass there ran slower
    (benchmarks/HISTORY.md, sessions 13-22's tables).
 3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
@@ -42,18 +49,19 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .common import owner_layout, pair_of_slot, uniform
+from .common import owner_layout, pair_of_slot, uniform, weight
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
                      launch_config, prefix_chunks, select_config, select_programs)
 from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part,
                          select_rounds, select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
-from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER, SELECT_SPLITS,
-                      UNDECIDED, UNUSED_SLOT, Scratch, load_f32, load_f64, parts_of, prefixes_of, results_of,
-                      scratch_width, stats_of, store_pair, store_results, stored_pair)
-from .sampling_rule import (INT64_MAX, LANE_BITS, decide_light, is_light, lanes_and_stats, light_decision,
-                            light_token_from_prefixes, valid_draft)
+from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER,
+                      SELECT_SPLITS, UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
+                      parts_of, prefixes_of, results_of, scratch_width, stats_of, store_moot, store_pair,
+                      store_results, stored_pair, verify_of)
+from .sampling_rule import (INT64_MAX, LANE_BITS, certain_miss, decide_light, is_light, lanes_and_stats,
+                            light_decision, light_token_from_prefixes, load_row, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -83,15 +91,25 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
     slot UNUSED_SLOT (so that no mark is stale: the scratch is not cleared between calls).
     FILTERED=True takes only the marked rows (the others exit after one load): their bound,
     candidates and small decision (`_filtered_row`)."""
-    work = work_ptr + tl.program_id(0).to(tl.int64) * WORK  # candidates, hot lanes, results, stats
+    slot = tl.program_id(0).to(tl.int64)
+    work = work_ptr + slot * WORK  # candidates, hot lanes, results, stats
     results = results_of(work, BUF)
     if FILTERED:
         if tl.load(results + R_TOKEN) == PASS_ROW:
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-            _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
-                          tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft, work,
-                          results, BLOCK, BUF)
+            if _missed_before(work_ptr, slot, j, BUF, WORK):
+                store_moot(results)
+            else:
+                _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
+                              tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft,
+                              work, results, BLOCK, BUF)
+                if tl.load(results + R_TOKEN) == FILTERED_ROW:  # the select's: its queue (slot from the grid again:
+                    # nothing more lives across the decision, whose registers are near the spill)
+                    at = tl.atomic_add(verify_of(work_ptr, BUF) + V_QUEUED, 1, sem="relaxed")
+                    tl.store(verify_of(work_ptr + at * WORK, BUF) + V_QUEUE, tl.program_id(0).to(tl.int64))
     else:
+        if (slot == 0) & (not GREEDY):
+            tl.store(verify_of(work_ptr, BUF) + V_QUEUED, 0)  # (the FILTERED launch fills the select's queue)
         used, owner, j, row, draft = _slot_row(offsets_ptr, tokens_ptr, num_rows, num_owners, BLOCK_O)
         row_ptr = logits_ptr + row * stride
         if not used:
@@ -116,9 +134,10 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     (draft -1: no mass below it; the mass only for top-p alone, as in `filtered_lanes`) keeps
     its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
     light = is_light(temperature, top_k, top_p, vocab)
-    d = tl.where(light, valid_draft(draft, vocab), -1)
+    top_p_alone = needs_mass(top_k, top_p, vocab)  # (of a row that is not light)
+    d = tl.where(light | top_p_alone, valid_draft(draft, vocab), -1)
     # (NaN temperature compares false: greedy)
-    sampling = tl.where(light, temperature > 0, needs_mass(top_k, top_p, vocab))
+    sampling = tl.where(light, temperature > 0, top_p_alone)
     lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
         row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
         prefixes=light & sampling, PREFIXES=True)
@@ -130,6 +149,29 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     else:
         store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)
+        # no finite logit (token -1) or no draft in range: a miss whatever the filters
+        miss = (finite == 0) | (valid_draft(draft, vocab) < 0)
+        if top_p_alone & ~miss:
+            u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
+            x_d, _ = load_row(row_ptr, tl.maximum(d, 0), vocab)
+            e_d = tl.where(x_d > float("-inf"), weight(x_d, x_max, temperature), 0.0).to(tl.float64)
+            miss = certain_miss(mass, below, e_d, u, top_p)
+        tl.store(verify_of(work, BUF) + V_MISS, miss.to(tl.int64))
+
+
+@triton.jit
+def _missed_before(work_ptr, slot, j, BUF: tl.constexpr, WORK: tl.constexpr):
+    """Whether an earlier row of this slot's owner (slots slot - j .. slot - 1, the owner's rows
+    0 .. j - 1, each a top-k / top-p row like this one) certainly missed its draft (V_MISS): the
+    owner's accepted count ends there or before, so this row's decision is not needed. One
+    row at a time from the first, until a told one (a vector of them spilled this launch's
+    registers): where most rows are told, one load."""
+    missed = tl.zeros((), dtype=tl.int64)
+    earlier = tl.zeros((), dtype=tl.int64)
+    while (earlier < j) & (missed == 0):
+        missed = tl.load(verify_of(work_ptr + (slot - j + earlier) * WORK, BUF) + V_MISS)
+        earlier += 1
+    return missed != 0
 
 
 @triton.jit
@@ -137,7 +179,8 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
                   BLOCK: tl.constexpr, BUF: tl.constexpr):
     """A top-k / top-p row's bound and candidates from the lanes of its pass (`bound_and_collect`:
     BLOCK is the pass's step), then its decision when <= 256 candidates settle it; else the
-    mark FILTERED_ROW for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s)."""
+    mark FILTERED_ROW for verify_filtered_kernel (R_PAIR, R_ROW and R_DRAFT keep `store_pair`'s;
+    the caller queues the slot: V_QUEUE at the index an atomic add on V_QUEUED gives)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     stats = stats_of(work, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
@@ -160,9 +203,11 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
     its results. Programs: the search's, one a pair slot; begin's and the rounds', one for
-    GROUP slots (their marks in one load: a batch with no such rows pays an eighth of the
-    waves), the slots strided by the grid, so that an owner's consecutive rows (one top-p
-    owner in a batch of greedy ones) go to different programs, side by side; the pass',
+    GROUP entries of the select's queue (the slots the FILTERED launch left to the select, in
+    the order they came; their marks in one load: a batch with no such rows pays an eighth of
+    the waves), the entries strided by the grid, so that the queued rows go to different
+    programs, side by side, however few and wherever they are (one top-p owner in a batch of
+    greedy ones; each owner's first row, its later ones moot); the pass',
     a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
     in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
     slot (a loop over all slots around the rounds, at their registers, spills)."""
@@ -189,18 +234,14 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
                       vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
-    else:  # (begin and rounds: GROUP slots a program, strided by the grid, their marks in one load)
-        slots = tl.program_id(0) + tl.num_programs(0) * tl.arange(0, GROUP)
-        live = slots < num_rows
-        marks = tl.load(results_of(work_ptr + slots.to(tl.int64) * WORK, BUF) + R_TOKEN, mask=live, other=0)
-        bits = picked_bits(live & (marks == FILTERED_ROW))
-        slot = tl.program_id(0).to(tl.int64)
-        while bits != 0:
-            if (bits & 1) != 0:
-                _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                              work_ptr, vocab, chunk, slot, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
-            bits = (bits >> 1) & INT64_MAX  # (a logical shift)
-            slot += tl.num_programs(0)
+    else:  # (begin and rounds: the queue's entries, strided by the grid; `_select_stage` checks each mark)
+        queued = tl.load(verify_of(work_ptr, BUF) + V_QUEUED).to(tl.int32)
+        entry = tl.program_id(0)
+        while entry < queued:
+            slot = tl.load(verify_of(work_ptr + entry.to(tl.int64) * WORK, BUF) + V_QUEUE)
+            _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                          work_ptr, vocab, chunk, slot, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+            entry += tl.num_programs(0)
 
 
 @triton.jit
