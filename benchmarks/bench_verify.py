@@ -14,7 +14,8 @@ their torch.compile versions. Prints a markdown table and writes it to --out.
 on every row kind of `export/cases.py` (LLM-like, power-law, flat, equal, ties, NaN / -inf)
 under every mode (temperature 0.7-1.5, top-p 0.9-0.99, top-k 1 to V, top-k + top-p, greedy),
 x floor, the worst kind per mode; sample_rows on 64 rows of each against one torch.amax read;
-the worst cases against the issue's targets (--quick: bfloat16 only).
+the worst cases against the issue's targets (--quick: bfloat16 only). --drafts accepted: every
+draft the target's own token (no moot rows: the select decides every top-k / top-p row).
 
 Fused times are CUDA-graph replays (`graph_ms`: no Python launch overhead, as a runtime
 launches them); the baselines are timed as called from Python (0.3 ms and up: the
@@ -73,14 +74,17 @@ def make_inputs(g, owners, vocab, dtype, mode, flat=False):
     return verify_inputs(g, x, owners, MODES[mode])
 
 
-def verify_inputs(g, x, owners, params):
+def verify_inputs(g, x, owners, params, drafts="argmax"):
     """dflash_verify's inputs on logits `x` of `owners` owners of equal row counts, every
-    owner with `params` (temperature, top_k, top_p): each row's argmax is the next row's
-    draft (right for greedy owners, often right for sampling ones)."""
+    owner with `params` (temperature, top_k, top_p). drafts 'argmax': each row's argmax is the
+    next row's draft (right for greedy owners, often right for sampling ones on peaked rows,
+    seldom on wide ones: an owner's rows after its first miss are moot); 'accepted': each
+    row's draft is the target's own token there (`sample_rows`: every draft accepted, every
+    row decided: the most work a call can hold)."""
     t, k, p = params
     device = x.device
     draft = x.float().nan_to_num(nan=float("-inf")).argmax(-1)
-    return {
+    inp = {
         "logits": x, "tokens": torch.cat([torch.zeros(1, dtype=torch.int64, device=device), draft[:-1]]),
         "offsets": torch.arange(owners + 1, device=device) * (x.shape[0] // owners),
         "start_position": torch.randint(0, 4096, (owners,), generator=g, device=device),
@@ -89,6 +93,16 @@ def verify_inputs(g, x, owners, params):
         "top_p": torch.full((owners,), p, device=device),
         "seed": torch.arange(owners, device=device) + 1234,
     }
+    if drafts == "accepted":
+        n = x.shape[0] // owners
+        owner = torch.arange(owners, device=device).repeat_interleave(n)
+        j = torch.arange(x.shape[0], device=device) % n
+        own = torch.ops.dflash.sample_rows(x, inp["start_position"][owner] + j + 1, inp["temperature"][owner],
+                                           inp["top_k"][owner], inp["top_p"][owner], inp["seed"][owner])
+        inp["tokens"] = torch.cat([inp["tokens"][:1], own[:-1]])
+    elif drafts != "argmax":
+        raise ValueError(f"drafts {drafts!r}: use 'argmax' or 'accepted'")
+    return inp
 
 
 KEYS = cases.VERIFY_INPUTS
@@ -208,13 +222,14 @@ def mixed(c: dict, n: int) -> dict:
     return c
 
 
-def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
+def kinds_table(say, bw: float, dtypes, per_kernel: bool = False, drafts: str = "argmax") -> None:
     """dflash_verify at 64 owners x 16 rows, V = 151936, on every row kind of `cases.ROW_KINDS`
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
     through dflash_verify, as a mixed batch runs it), and in mixed batches (MIXED: the first
     few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then
     sample_rows on 64 rows of each kind against one torch.amax read of the same rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
-    mode's worst cell's launches timed one by one (torch.profiler), after each table."""
+    mode's worst cell's launches timed one by one (torch.profiler), after each table. drafts:
+    `verify_inputs`' (sample_rows has none)."""
     owners, vocab = KINDS_SHAPE
     rows = owners * ROWS_PER_OWNER
     modes = cases.kind_modes(vocab)
@@ -227,7 +242,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
             worst[key] = (x, mode, kind)
 
     def inputs(kind, n, dtype, mode):  # n rows of `kind`, owners of ROWS_PER_OWNER rows in `mode`
-        return verify_inputs(g, cases.kind_logits(g, kind, n, vocab, dtype), n // ROWS_PER_OWNER, modes[mode])
+        return verify_inputs(g, cases.kind_logits(g, kind, n, vocab, dtype), n // ROWS_PER_OWNER, modes[mode],
+                             drafts)
 
     for dtype in dtypes:
         name = str(dtype).split(".")[-1]
@@ -235,8 +251,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False) -> None:
         floor_ms = nbytes / bw * 1e3
         copies = max(MIN_COPIES, math.ceil(ROTATE_BYTES / nbytes))
         say()
-        say(f"dflash_verify, {owners} x {ROWS_PER_OWNER} rows, V = {vocab}, {name}: x floor ({floor_ms * 1e3:.0f} us) "
-            "per row kind")
+        say(f"dflash_verify, {owners} x {ROWS_PER_OWNER} rows, V = {vocab}, {name}, drafts {drafts}: x floor "
+            f"({floor_ms * 1e3:.0f} us) per row kind")
         say()
         say("| mode | " + " | ".join(kinds) + " | worst |")
         say("|---" * (len(kinds) + 2) + "|")
@@ -408,6 +424,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", action="store_true",
                     help="only the row-kind table (issue #25): dflash_verify and sample_rows on every row kind under "
                          "every mode, the worst case per mode, against the targets")
+    ap.add_argument("--drafts", choices=["argmax", "accepted"], default="argmax",
+                    help="--kinds: each row's draft its argmax (default), or the target's own token there (every "
+                         "draft accepted: no moot rows)")
     ap.add_argument("--empty-launches", action="store_true",
                     help="only the all-greedy dflash_verify call with each launch that has nothing to do dropped "
                          "in turn (what the top-k / top-p path costs a batch without such rows)")
@@ -435,7 +454,8 @@ def main(argv=None) -> int:
     say(f"- median of do_bench (warmup 25 ms, rep 100 ms); inputs rotate over >= {ROTATE_BYTES >> 20} MB and "
         f">= {MIN_COPIES} distinct inputs")
     say("- logits: Gaussian body (std 2) plus 24 boosted tokens per row (LLM-like); 'flat' rows: std 1, no boost")
-    say("- drafts: each row's argmax (so greedy owners accept all, sampling owners some)")
+    say("- drafts: each row's argmax (so greedy owners accept all, sampling owners some)" if args.drafts == "argmax"
+        else "- drafts (--kinds): the target's own tokens (every draft accepted, every row decided)")
     say()
     say("- fused us: GPU time per call with the launches captured in a CUDA graph (as a runtime drives")
     say(f"  them, no Python launch overhead; >= {GRAPH_CALLS} calls per graph, which shares the graph's own")
@@ -448,7 +468,8 @@ def main(argv=None) -> int:
                 fh.write("\n".join(lines) + "\n")
         return 0
     if args.kinds:
-        kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32], args.breakdown)
+        kinds_table(say, bw, [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32], args.breakdown,
+                    args.drafts)
         if args.out:
             with open(args.out, "w") as fh:
                 fh.write("\n".join(lines) + "\n")

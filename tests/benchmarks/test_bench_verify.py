@@ -123,3 +123,17 @@ def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_change
                          "without the select's four", "without all five", "dflash_verify_argmax",
                          "one torch.amax read"]
     assert [x for x in lines if x.startswith("| without all five |")] == ["| without all five | 1000.0 | 1.00 |"]
+
+
+def test_accepted_drafts_are_the_targets_own_tokens():
+    """--drafts accepted: each row's draft is the target's token there, so every owner accepts
+    all its drafts (no row is moot: the case that makes the select decide every row)."""
+    g = torch.Generator().manual_seed(3)
+    x = cases.kind_logits(g, "flat", 2 * bench_verify.ROWS_PER_OWNER, 64, torch.float32)
+    inp = bench_verify.verify_inputs(g, x, 2, (1.0, 0, 0.9), drafts="accepted")
+    accepted, _ = torch.ops.dflash.dflash_verify(*[inp[k] for k in bench_verify.KEYS])
+    assert accepted.tolist() == [bench_verify.ROWS_PER_OWNER - 1] * 2
+    argmax = bench_verify.verify_inputs(g, x, 2, (1.0, 0, 0.9))
+    assert not torch.equal(argmax["tokens"], inp["tokens"])  # (flat rows: the argmax is seldom the sample)
+    with pytest.raises(ValueError, match="drafts 'own'"):
+        bench_verify.verify_inputs(g, x, 2, (1.0, 0, 0.9), drafts="own")
