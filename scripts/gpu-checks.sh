@@ -26,8 +26,9 @@
 #                                   drafter; PROFILE_PROMPT / PROFILE_PROMPT_MAX: prompt lengths, default 16;
 #                                   prefill left out by the runner's --profile-steps), by kind ($OUT/PROFILE.md)
 #                                   and each call by GEMMs / attention / heads / other ($OUT/CALLS.md)
-#   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md; copy to benchmarks/); its options pass
-#                                   through: --kinds --quick (issue #25's table), --empty-launches, --breakdown
+#   scripts/gpu-checks.sh bench     the head benchmark ($OUT/RESULTS.md, then RESULTS.2.md ...; copy to benchmarks/); its
+#                                   options pass through: --kinds --quick (issue #25's table), --empty-launches,
+#                                   --breakdown, --drafts accepted (every draft the target's own token)
 #   scripts/gpu-checks.sh launches  each launch of one dflash_verify call under Nsight Compute, on flat
 #                                   and peaked top-p rows and temperature rows ($OUT/LAUNCHES.md)
 #   scripts/gpu-checks.sh stalls    where the sample select's launches stall: Nsight Compute's PC sampling per
@@ -182,7 +183,9 @@ for i in range(64):
   python3 benchmarks/ncu_summary.py "$OUT/ncu.csv" --calls --out "$OUT/CALLS.md" | head -8  # (the step broken down)
   ;;
 bench)
-  timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$OUT/RESULTS.md" 2>&1 | tail -60
+  out="$OUT/RESULTS.md" n=1  # (a second bench in one chain: RESULTS.2.md)
+  while [[ -e "$out" ]]; do n=$((n + 1)); out="$OUT/RESULTS.$n.md"; done
+  timeout 560 python3 benchmarks/bench_verify.py "${@:2}" --out "$out" 2>&1 | tail -60
   ;;
 launches)
   # each launch of one dflash_verify call (64 x 16 rows, V = 151936 bf16) under Nsight Compute:
