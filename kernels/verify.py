@@ -97,12 +97,15 @@ def verify_rows_kernel(logits_ptr, stride, tokens_ptr, offsets_ptr, start_positi
     if FILTERED:
         if tl.load(results + R_TOKEN) == PASS_ROW:
             owner, j, row_ptr, draft = stored_pair(results, logits_ptr, stride)
-            if _missed_before(work_ptr, slot, j, BUF, WORK):
+            top_k = tl.load(top_k_ptr + owner)
+            top_p = tl.load(top_p_ptr + owner)
+            # (top-p alone only: a top-k row is told only without a finite logit or a draft, so its walk
+            # over the earlier rows would be j dependent loads, nearly always for nothing)
+            if _missed_before(work_ptr, slot, tl.where(needs_mass(top_k, top_p, vocab), j, 0), BUF, WORK):
                 store_moot(results)
             else:
-                _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), tl.load(top_k_ptr + owner),
-                              tl.load(top_p_ptr + owner), seed_ptr + owner, start_position_ptr + owner, j, draft,
-                              work, results, BLOCK, BUF)
+                _filtered_row(row_ptr, vocab, tl.load(temperature_ptr + owner), top_k, top_p, seed_ptr + owner,
+                              start_position_ptr + owner, j, draft, work, results, BLOCK, BUF)
                 if tl.load(results + R_TOKEN) == FILTERED_ROW:  # the select's: its queue (slot from the grid again:
                     # nothing more lives across the decision, whose registers are near the spill)
                     at = tl.atomic_add(verify_of(work_ptr, BUF) + V_QUEUED, 1, sem="relaxed")
@@ -163,7 +166,8 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
 def _missed_before(work_ptr, slot, j, BUF: tl.constexpr, WORK: tl.constexpr):
     """Whether an earlier row of this slot's owner (slots slot - j .. slot - 1, the owner's rows
     0 .. j - 1, each a top-k / top-p row like this one) certainly missed its draft (V_MISS): the
-    owner's accepted count ends there or before, so this row's decision is not needed. One
+    owner's accepted count ends there or before, so this row's decision is not needed (j: the
+    row's index; 0, no walk, for a top-k row, told only without a finite logit or a draft). One
     row at a time from the first, until a told one (a vector of them spilled this launch's
     registers): where most rows are told, one load."""
     missed = tl.zeros((), dtype=tl.int64)
