@@ -94,9 +94,7 @@ def verify_inputs(g, x, owners, params, drafts="argmax"):
         "seed": torch.arange(owners, device=device) + 1234,
     }
     if drafts == "accepted":
-        n = x.shape[0] // owners
-        owner = torch.arange(owners, device=device).repeat_interleave(n)
-        j = torch.arange(x.shape[0], device=device) % n
+        owner, j, _ = owner_rows(inp["offsets"], x.shape[0])
         own = torch.ops.dflash.sample_rows(x, inp["start_position"][owner] + j + 1, inp["temperature"][owner],
                                            inp["top_k"][owner], inp["top_p"][owner], inp["seed"][owner])
         inp["tokens"] = torch.cat([inp["tokens"][:1], own[:-1]])
@@ -108,13 +106,17 @@ def verify_inputs(g, x, owners, params, drafts="argmax"):
 KEYS = cases.VERIFY_INPUTS
 
 
+def owner_rows(offsets, num_rows):
+    """Each row's owner and index j in it, and each owner's row count n, from `offsets`."""
+    n = offsets[1:] - offsets[:-1]
+    owner = torch.repeat_interleave(torch.arange(n.numel(), device=offsets.device), n, output_size=num_rows)
+    return owner, torch.arange(num_rows, device=offsets.device) - offsets[:-1][owner], n
+
+
 def sort_pipeline(logits, tokens, offsets, start_position, temperature, top_k, top_p, seed):
     """What a user would write: sort, mask top-k / top-p, softmax, inverse CDF, compare."""
     num_rows, vocab = logits.shape
-    owners = offsets.numel() - 1
-    n = offsets[1:] - offsets[:-1]
-    owner = torch.repeat_interleave(torch.arange(owners, device=logits.device), n, output_size=num_rows)
-    j = torch.arange(num_rows, device=logits.device) - offsets[:-1][owner]
+    owner, j, n = owner_rows(offsets, num_rows)
     temp, k, p = temperature[owner], top_k[owner], top_p[owner]
     x = logits.float() / temp.clamp_min(1e-5).unsqueeze(1)
     values, index = x.sort(dim=-1, descending=True)
@@ -132,11 +134,7 @@ def sort_pipeline(logits, tokens, offsets, start_position, temperature, top_k, t
 
 
 def argmax_pipeline(logits, tokens, offsets, *unused):
-    num_rows = logits.shape[0]
-    owners = offsets.numel() - 1
-    n = offsets[1:] - offsets[:-1]
-    owner = torch.repeat_interleave(torch.arange(owners, device=logits.device), n, output_size=num_rows)
-    j = torch.arange(num_rows, device=logits.device) - offsets[:-1][owner]
+    owner, j, n = owner_rows(offsets, logits.shape[0])
     return _accept(logits.argmax(-1), tokens, offsets, owner, j, n)
 
 

@@ -138,7 +138,8 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
     light = is_light(temperature, top_k, top_p, vocab)
     top_p_alone = needs_mass(top_k, top_p, vocab)  # (of a row that is not light)
-    d = tl.where(light | top_p_alone, valid_draft(draft, vocab), -1)
+    draft_in_range = valid_draft(draft, vocab)
+    d = tl.where(light | top_p_alone, draft_in_range, -1)
     # (NaN temperature compares false: greedy)
     sampling = tl.where(light, temperature > 0, top_p_alone)
     lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
@@ -153,7 +154,7 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
         store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)
         # no finite logit (token -1) or no draft in range: a miss whatever the filters
-        miss = (finite == 0) | (valid_draft(draft, vocab) < 0)
+        miss = (finite == 0) | (draft_in_range < 0)
         if top_p_alone & ~miss:
             u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
             x_d, _ = load_row(row_ptr, tl.maximum(d, 0), vocab)
@@ -207,11 +208,11 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
     rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
     part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
     its results. Programs: the search's, one a pair slot; begin's and the rounds', one for
-    GROUP entries of the select's queue (the slots the FILTERED launch left to the select, in
-    the order they came; their marks in one load: a batch with no such rows pays an eighth of
-    the waves), the entries strided by the grid, so that the queued rows go to different
-    programs, side by side, however few and wherever they are (one top-p owner in a batch of
-    greedy ones; each owner's first row, its later ones moot); the pass',
+    GROUP pair slots (a batch with no such rows pays an eighth of the waves), taking the
+    entries of the select's queue (the slots the FILTERED launch left to the select, in the
+    order they came; its length in one load) strided by the grid, so that the queued rows go
+    to different programs, side by side, however few and wherever they are (one top-p owner in
+    a batch of greedy ones; each owner's first row, its later ones moot); the pass',
     a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
     in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
     slot (a loop over all slots around the rounds, at their registers, spills)."""
