@@ -28,8 +28,10 @@ from dflash_et.kernels import sample_rows as sample_rows_kernel  # noqa: E402
 
 
 def filtered_modes(vocab: int) -> dict[str, tuple[float, int, float]]:
-    """`cases.kind_modes` that take a top-k or top-p cut."""
-    return {name: m for name, m in cases.kind_modes(vocab).items() if m[0] > 0 and (0 < m[1] < vocab or m[2] < 1)}
+    """`cases.kind_modes` that take a top-k or top-p cut (not top-k 1 or top-p <= 0, which keep one token:
+    greedy rows, `sampling_rule.decided_temperature`)."""
+    return {name: m for name, m in cases.kind_modes(vocab).items()
+            if m[0] > 0 and m[1] != 1 and m[2] > 0 and (0 < m[1] < vocab or m[2] < 1)}
 
 
 def count(x: torch.Tensor, modes: list[tuple[float, int, float]], g: torch.Generator):

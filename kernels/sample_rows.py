@@ -6,7 +6,8 @@ Algorithm, three steps (no host synchronisation between their launches):
    chunk of a greedy or temperature-only row (`scan_lanes`) and stores its max,
    argmax, finite count and mass. A few rows (sample_rows often has only one per
    owner) still fill the GPU this way. The first program of a top-k / top-p row
-   reads it whole: stats and candidates (`filtered.filtered_pass`).
+   reads it whole: stats and candidates (`filtered.filtered_pass`). A row whose filters
+   keep one token (top-k 1, top-p <= 0) is greedy (`sampling_rule.decided_temperature`).
 2. `sample_rows_kernel`, light instance, one program per row: combines the chunks;
    a greedy row's token is the argmax, a temperature row's is searched in the one
    chunk where the prefix mass crosses t (`light_token_from_chunks`).
@@ -33,7 +34,7 @@ from .cut_select import (PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
                      select_programs, split_rows)
 from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
-from .sampling_rule import INT64_MAX, chunk_stats, is_light, light_token_from_chunks
+from .sampling_rule import INT64_MAX, chunk_stats, decided_temperature, is_light, light_token_from_chunks
 
 
 @triton.jit
@@ -42,9 +43,9 @@ def chunk_kernel(logits_ptr, stride, temperature_ptr, top_k_ptr, top_p_ptr, part
                  STAGES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
+    temperature = decided_temperature(tl.load(temperature_ptr + row), top_k, top_p)  # (light rows: theirs)
     row_ptr = logits_ptr + row * stride
     if is_light(temperature, top_k, top_p, vocab):
         chunk_stats(row_ptr, vocab, temperature, c, chunk, part_ptr + (row * SPLITS + c) * 4, BLOCK, STAGES)
@@ -58,9 +59,9 @@ def sample_rows_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_k_
                        seed_ptr, out_ptr, work_ptr, part_ptr, vocab, chunk, select_chunk, FILTERED: tl.constexpr,
                        BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
+    temperature = decided_temperature(tl.load(temperature_ptr + row), top_k, top_p)  # (light rows: theirs)
     row_ptr = logits_ptr + row * stride
     light = is_light(temperature, top_k, top_p, vocab)
     u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))

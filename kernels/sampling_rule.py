@@ -243,10 +243,21 @@ def filters(top_k, top_p, vocab):
 
 
 @triton.jit
+def decided_temperature(temperature, top_k, top_p):
+    """The temperature a row is decided at: 0 (greedy) where its filters keep one token whatever
+    the logits, else its own. top-k 1 keeps rank 0 alone (SPEC.md step 4), top-p <= 0 too (step 6),
+    and step 7 then gives rank 0, the argmax: its weight exp(0) = 1 exceeds t = u * 1 (u < 1).
+    Such a row takes the greedy path (one pass, no filter) instead of the filtered rows' launches.
+    Every kernel that decides a light row takes this temperature."""
+    return tl.where((top_k == 1) | (top_p <= 0.0), 0.0, temperature)
+
+
+@triton.jit
 def is_light(temperature, top_k, top_p, vocab):
-    """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy)."""
+    """Greedy and temperature-only rows (SPEC.md: NaN temperature is greedy), those that keep one
+    token (`decided_temperature`) included."""
     use_k, use_p = filters(top_k, top_p, vocab)
-    return ~((temperature > 0) & (use_k | use_p))
+    return ~((decided_temperature(temperature, top_k, top_p) > 0) & (use_k | use_p))
 
 
 @triton.jit

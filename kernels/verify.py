@@ -18,6 +18,9 @@ Algorithm, four steps (no host synchronisation between their launches):
    row or before, and its later rows are *moot*. SPEC.md's rationale: only the row where
    verification stops needs its token. On wide rows with likely drafts most rows are told,
    so the select below decides about one row an owner instead of every row.
+   A row whose filters keep one token (top-k 1, top-p <= 0: `decided_temperature`) is greedy
+   there, and a top-p-alone row whose argmax alone reaches p S (a confident row) is decided
+   there too: its token is the argmax.
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: a moot row
    is marked MOOT_ROW and left; the others' bound and candidates from the stored lanes
@@ -60,8 +63,8 @@ from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX,
                       SELECT_SPLITS, UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
                       parts_of, prefixes_of, results_of, scratch_width, stats_of, store_moot, store_pair,
                       store_results, stored_pair, verify_of)
-from .sampling_rule import (INT64_MAX, LANE_BITS, certain_miss, decide_light, is_light, lanes_and_stats,
-                            light_decision, light_token_from_prefixes, load_row, valid_draft)
+from .sampling_rule import (INT64_MAX, LANE_BITS, certain_miss, decide_light, decided_temperature, is_light,
+                            lanes_and_stats, light_decision, light_token_from_prefixes, load_row, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
 BLOCK_J = 64  # pair slots per step of the first-miss loop
@@ -135,8 +138,11 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     size): a greedy or temperature-only row is decided (`light_decision`; a temperature-only
     row leaves its chunks' prefix masses for the accept kernel's search); a top-k / top-p row
     (draft -1: no mass below it; the mass only for top-p alone, as in `filtered_lanes`) keeps
-    its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch."""
+    its lanes and stats (`store_lanes`) and its pair (`store_pair`) for the FILTERED launch. A row
+    whose filters keep one token is greedy here (`decided_temperature`), and so is a top-p-alone
+    row whose argmax alone reaches the nucleus (p S <= 1: its pass gives S)."""
     light = is_light(temperature, top_k, top_p, vocab)
+    temperature = decided_temperature(temperature, top_k, top_p)  # (light rows only: the others keep theirs)
     top_p_alone = needs_mass(top_k, top_p, vocab)  # (of a row that is not light)
     draft_in_range = valid_draft(draft, vocab)
     d = tl.where(light | top_p_alone, draft_in_range, -1)
@@ -150,6 +156,12 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
                                       tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
                                       below)
         store_results(results, token, match, x_max, mass)
+    elif top_p_alone & (finite > 0) & (top_p.to(tl.float64) * mass <= 1.0):
+        # rank 0 alone reaches p S (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S), so the token is the
+        # argmax, as above: decided here (a confident row), and told like a certain miss when it misses
+        match = (arg == d) & (d >= 0)
+        store_results(results, arg.to(tl.int64), match, x_max, mass)
+        tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
     else:
         store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)

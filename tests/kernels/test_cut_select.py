@@ -31,7 +31,7 @@ VERIFY_KEYS = cases.VERIFY_INPUTS
 CAP, BLOCK, LIST = 8, 16, 64  # BUF = 32: the list holds 2 * BUF
 LIST_DEFAULT = 4096  # the list at the default cap and block (BUF = 2048)
 FILTERED_MODES = {"top-p 0.9": (1.0, 0, 0.9), "top-p 0.99": (0.8, 0, 0.99), "top-p 0.5": (1.3, 0, 0.5),
-                  "top-k 1": (1.0, 1, 1.0), "top-k 50": (1.0, 50, 1.0), "top-k 300": (0.7, 300, 1.0),
+                  "top-k 2": (1.0, 2, 1.0), "top-k 50": (1.0, 50, 1.0), "top-k 300": (0.7, 300, 1.0),
                   "top-k 40 + top-p 0.9": (1.0, 40, 0.9), "top-k 300 + top-p 0.95": (1.0, 300, 0.95)}
 
 

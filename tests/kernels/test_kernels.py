@@ -202,6 +202,88 @@ def test_verify_leaves_no_stale_mark_in_its_scratch(mark):
     assert unused > 0  # the cases had slots that hold no pair
 
 
+# (temperature, top_k, top_p): each keeps rank 0 alone (SPEC.md steps 4 and 6) at a sampling temperature
+ONE_TOKEN_MODES = [(1.0, 1, 1.0), (2.5, 1, 0.9), (0.7, 0, 0.0), (1.0, 30, -0.5), (1.3, 1, float("nan")),
+                   (float("inf"), 0, -0.0)]
+
+
+def _first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """SPEC.md's greedy token of each row: the lowest index holding the maximum (NaN as -inf),
+    -1 for a row with no finite logit; computed here, apart from the reference."""
+    x = x.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf"))
+    top = x.max(-1, keepdim=True).values
+    index = torch.arange(x.shape[-1]).expand_as(x)
+    first = torch.where(x == top, index, x.shape[-1]).min(-1).values
+    return torch.where(top.squeeze(-1) > float("-inf"), first, -1)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", ONE_TOKEN_MODES)
+def test_rows_whose_filters_keep_one_token_are_greedy(temperature, top_k, top_p):
+    """top-k 1 and top-p <= 0 keep rank 0 alone, and step 7 gives it (its weight 1 exceeds t = u < 1):
+    the argmax at any temperature. Such rows take the greedy path of the first launch
+    (`sampling_rule.decided_temperature`): no row is marked for the filtered launches, and every
+    owner's tokens are the argmaxes (ties at the maximum: the lowest index; NaN / -inf rows; a row
+    of -inf only gives -1), the reference's too."""
+    g = torch.Generator().manual_seed(61)
+    vocab, owners, rows = 48, 6, 4
+    x = torch.cat([cases.kind_logits(g, kind, rows, vocab, torch.float32)
+                   for kind in ("ties", "equal", "nan/-inf", "flat", "peaked", "ties")])
+    x[5] = float("-inf")
+    x[9, 7] = float("inf")
+    want = _first_argmax(x)
+    tokens = torch.randint(0, vocab, (owners * rows,))
+    tokens[1:] = want[:-1]  # argmax drafts: accepted, up to a row without a finite logit
+    tokens[14] = (want[13] + 1) % vocab  # one owner rejects at its second row
+    inp = {"logits": x, "tokens": tokens, "offsets": torch.arange(owners + 1) * rows,
+           "start_position": torch.randint(0, 1 << 40, (owners,), generator=g),
+           "temperature": torch.full((owners,), temperature), "top_k": torch.full((owners,), top_k),
+           "top_p": torch.full((owners,), top_p), "seed": torch.randint(-(1 << 62), 1 << 62, (owners,), generator=g)}
+    inp = _to(inp)
+    scratch = launch.scratch_for(inp["logits"])
+    scratch.work.fill_(7777)  # (a top-k / top-p row's first launch writes its V_MISS word; a greedy row's, none)
+    accepted, next_token = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch)
+    check_verify(inp, (accepted, next_token))
+    assert next_token.cpu().tolist() == [int(want[o * rows + a]) for o, a in enumerate(accepted.cpu().tolist())]
+    assert accepted.cpu().tolist() == [3, 1, 3, 1, 3, 3]  # row 5 (owner 1) has no finite logit; draft 14 is wrong
+    assert scratch.verify_words()[:, record.V_MISS.value].tolist() == [7777] * (owners * rows)
+    assert bool((scratch.results()[:, record.R_TOKEN.value] >= -1).all())  # tokens, no mark
+    sample = {"logits": inp["logits"], "position": torch.arange(owners * rows, device=DEVICE),
+              **{k: inp[k].repeat_interleave(rows) for k in ("temperature", "top_k", "top_p", "seed")}}
+    got = sample_rows_kernel.launch(*[sample[k] for k in SAMPLE_KEYS])
+    check_samples(sample, got)
+    assert got.cpu().tolist() == want.tolist()
+
+
+def test_confident_top_p_rows_are_decided_by_their_first_pass():
+    """A top-p-alone row whose argmax alone reaches p S (S from its first pass) keeps the argmax
+    alone (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S): the first launch decides it, and
+    leaves it no stats for the filtered launches (here: their words keep the fill), while the
+    other rows take those launches. Drafts: the argmax, another token, or none."""
+    g = torch.Generator().manual_seed(62)
+    vocab, owners, rows = 64, 4, 5
+    x = cases.kind_logits(g, "flat", owners * rows, vocab, torch.float32)
+    r = torch.arange(owners * rows)
+    confident = (r % rows == 0) | (r % rows == 3) | (r // rows == 1) | (r // rows == 3)  # owners 1 and 3: all
+    hot = torch.randint(0, vocab, (owners * rows,), generator=g)
+    x[confident, hot[confident]] = 12.0  # p S <= 1 at top-p 0.9: S - 1 ~ 64 e^-12, 0.9 S ~ 0.9
+    want = _first_argmax(x)
+    tokens = torch.randint(0, vocab, (owners * rows,), generator=g)
+    tokens[1:] = want[:-1]
+    tokens[8] = (want[7] + 1) % vocab  # owner 1 stops at its row 2
+    inp = _to({"logits": x, "tokens": tokens, "offsets": torch.arange(owners + 1) * rows,
+               "start_position": torch.randint(0, 1 << 40, (owners,), generator=g),
+               "temperature": torch.full((owners,), 1.0), "top_k": torch.zeros(owners, dtype=torch.int64),
+               "top_p": torch.full((owners,), 0.9), "seed": torch.randint(-(1 << 62), 1 << 62, (owners,), generator=g)})
+    scratch = launch.scratch_for(inp["logits"])
+    scratch.work.fill_(7777)
+    accepted, next_token = verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=scratch)
+    check_verify(inp, (accepted, next_token))
+    stats = torch.tensor([scratch.stats(r)["count"] for r in range(owners * rows)])
+    assert bool((stats[confident] == 7777).all()) and bool((stats[~confident] != 7777).all()), stats.tolist()
+    assert accepted.cpu()[[1, 3]].tolist() == [2, rows - 1]
+    assert next_token.cpu()[[1, 3]].tolist() == [int(want[7]), int(want[4 * rows - 1])]
+
+
 def test_verify_with_more_owners_than_one_layout_step(monkeypatch):
     """The owner-layout walk goes BLOCK_O owners per step, carrying the slot count: 40 owners
     of 0-2 rows under a BLOCK_O of 16 (three steps; the interpreter walks 256-owner steps too
