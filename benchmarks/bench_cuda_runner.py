@@ -30,6 +30,7 @@ owner's mean context during the run (prompt + half the new tokens).
 
 import argparse
 import dataclasses
+import multiprocessing
 import platform
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
         export_note = "export reused"
     else:
         start = time.perf_counter()
-        exporter.export_program(cfg, out, force=True, jobs=args.jobs)
+        export_in_child(cfg, out, args.jobs)
         export_note = f"export {time.perf_counter() - start:.0f} s (--jobs {args.jobs or 'auto'})"
     spec = builder.build(cfg)
     c = spec.constants
@@ -155,6 +156,20 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def export_in_child(cfg, out: Path, jobs: int | None) -> None:
+    """`exporter.export_program(cfg, out)` in a process of its own (spawned), so that the GPU memory
+    the export took is given back before the runner loads the program: exported in this process,
+    the 32k config's runner ran out of the H200's memory at load (benchmarks/HISTORY.md, session 62).
+    Raises SystemExit, naming the config, when the export fails (its error is printed above)."""
+    child = multiprocessing.get_context("spawn").Process(
+        target=exporter.export_program, args=(cfg, out), kwargs={"force": True, "jobs": jobs})
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"the {cfg.backend} {cfg.program} export into {out} failed (exit {child.exitcode}; its error "
+                         "is above)")
 
 
 def with_host(t: dict, method: str) -> str:
