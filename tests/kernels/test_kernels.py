@@ -265,7 +265,7 @@ def test_confident_top_p_rows_are_decided_by_their_first_pass():
     r = torch.arange(owners * rows)
     confident = (r % rows == 0) | (r % rows == 3) | (r // rows == 1) | (r // rows == 3)  # owners 1 and 3: all
     hot = torch.randint(0, vocab, (owners * rows,), generator=g)
-    x[confident, hot[confident]] = 12.0  # p S <= 1 at top-p 0.9: S - 1 < 64 e^-8 (flat logits < 4), 0.9 S < 0.92
+    x[confident, hot[confident]] = 12.0  # p S <= 1 at top-p 0.9: the other 63 weigh e^(x - 12) each, S - 1 ~ 1e-3
     want = _first_argmax(x)
     tokens = torch.randint(0, vocab, (owners * rows,), generator=g)
     tokens[1:] = want[:-1]
