@@ -151,17 +151,16 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
         row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
         prefixes=light & sampling, PREFIXES=True)
-    if light:
+    # a confident row: rank 0 alone reaches p S (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S), so its
+    # token is the argmax, decided here as a greedy row's, and a miss is told like a certain one
+    confident = ~light & top_p_alone & (finite > 0) & (top_p.to(tl.float64) * mass <= 1.0)
+    if light | confident:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
-                                      tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
-                                      below)
+                                      tl.load(start_position_ptr) + j + 1, d, sampling & light, x_max, arg, finite,
+                                      mass, below)
         store_results(results, token, match, x_max, mass)
-    elif top_p_alone & (finite > 0) & (top_p.to(tl.float64) * mass <= 1.0):
-        # rank 0 alone reaches p S (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S), so the token is the
-        # argmax, as above: decided here (a confident row), and told like a certain miss when it misses
-        match = (arg == d) & (d >= 0)
-        store_results(results, arg.to(tl.int64), match, x_max, mass)
-        tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
+        if confident:
+            tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
     else:
         store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)
