@@ -10,10 +10,11 @@ max_seq_len: the time must stay flat in it), and ones drawn from [128, max_seq_l
 
 Prints device, versions, shapes, the median time (triton's do_bench), the floor (each owner's
 cells read once: sum(L_o) x KV x D x 2 (K and V) x itemsize, at the device-to-device copy
-bandwidth measured in the same run) and the ratio to it; the same op with twice the pieces
-a tile may take (`splits_for` doubled, up to MAX_SPLITS), with every run whole (one program
-a run and KV head: `SPLIT_CELLS` out of reach) and with a pipeline of 2 stages instead of
-`STAGES` (3: less shared memory, 3 programs an H100 SM instead of 2) against the same floor; the op's
+bandwidth measured in the same run) and the ratio to it; the same op with twice the programs
+for the pieces (`WAVES` 2), with every run whole (one program a tile and KV head: `SPLIT_CELLS`
+out of reach), with a pipeline of 2 stages instead of `STAGES` (3: less shared memory, 3
+programs an H100 SM instead of 2) and under each `--variant` (the module's constants set, e.g.
+"WAVES=4 SPLIT_CELLS=2048") against the same floor; the op's
 largest error on two owners against float64; and, with --reference, the models' reference
 (gather of every row's whole slot + masked SDPA) where its gather fits in memory. Not by
 default: on the H200 the op timed right after the reference came out well above its other
@@ -21,7 +22,8 @@ runs, suspected the reference's after-effect, not confirmed (benchmarks/HISTORY.
 58); the reference is known to be ~40x the op.
 
     python benchmarks/bench_attention.py [--owners 64 --rows 16 15 1 --heads 16 --kv-heads 8
-        --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--reference] [--out attention.md]
+        --head-dim 128 --max-seq-len 2048 8192 32768 --dtype bfloat16] [--variant "WAVES=4" ...]
+        [--reference] [--out attention.md]
     python benchmarks/bench_attention.py --smoke   (CPU, under TRITON_INTERPRET=1: tiny sizes,
         checks the script and the op against the reference; no timings)
 """
@@ -66,10 +68,16 @@ def patched(**values):
             setattr(ca, name, value)
 
 
-def twice_the_pieces():
-    """`splits_for` doubled, up to MAX_SPLITS: more pieces for a tile of many short runs."""
-    splits_for = ca.splits_for
-    return patched(splits_for=lambda cells, programs: min(ca.MAX_SPLITS, 2 * splits_for(cells, programs)))
+def variant(text: str) -> dict:
+    """--variant's "NAME=INT NAME=INT ...": `cached_attention` constants to set."""
+    values = {}
+    for word in text.split():
+        name, _, value = word.partition("=")
+        if not hasattr(ca, name) or not value.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"--variant {text!r}: {word!r} is not NAME=INT with NAME one of "
+                                             "cached_attention's constants (e.g. WAVES=4)")
+        values[name] = int(value)
+    return values
 
 
 def check_owners(case, lengths, rows) -> float:
@@ -103,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, nargs="+", default=[2048, 8192, 32768])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--variant", type=variant, action="append", default=[],
+                    help='cached_attention constants to set, timed as a column of their own: "WAVES=4 ..."')
     ap.add_argument("--reference", action="store_true", help="also time the models' reference where it fits")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (TRITON_INTERPRET=1), no timings")
     ap.add_argument("--out", help="also write the table here")
@@ -131,10 +141,12 @@ def main(argv=None) -> int:
                   f"python {platform.python_version()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s",
                   f"{args.owners} owners, {args.heads} heads / {args.kv_heads} KV heads x {args.head_dim}, "
                   f"{args.dtype}", "",
-                  "| rows an owner | lengths | max_seq_len | pieces a tile at most | sum L_o | op us | floor us | "
-                  "x floor | twice the pieces us | x floor | runs whole us | x floor | 2 stages us | x floor | "
-                  "max error | reference us | x op |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| rows an owner | lengths | max_seq_len | pieces programs | sum L_o | op us | floor us | "
+                  "x floor | twice the programs us | x floor | runs whole us | x floor | 2 stages us | x floor | "
+                  + "".join(f"{' '.join(f'{k}={v}' for k, v in values.items())} us | x floor | "
+                            for values in args.variant)
+                  + "max error | reference us | x op |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|---|" * len(args.variant)]
     g = torch.Generator(device=device).manual_seed(0)
     short = max(*args.rows, 128 if not args.smoke else 8)
     fixed = torch.randint(short, 2048 if not args.smoke else 40, (args.owners,), generator=g, device=device)
@@ -145,14 +157,15 @@ def main(argv=None) -> int:
             case = step_case(g, args.owners, rows, args.heads, args.kv_heads, args.head_dim, cells, lengths,
                              dtype, device)
             op = lambda: torch.ops.dflash.cached_attention(*case)  # noqa: E731
-            block_r = ca.launch_meta(dtype, args.heads, args.kv_heads, args.head_dim, cells)[0]["BLOCK_R"]
-            pieces = ca.splits_for(cells, -(-args.owners * rows // block_r) * args.kv_heads)  # (the kernel's pick)
+            pieces = (ca.pieces_programs(torch.device(device), args.kv_heads) * args.kv_heads if ca.in_pieces(cells)
+                      else "- (whole runs)")
             gathered = 2 * args.owners * rows * cells * args.kv_heads * args.head_dim * itemsize
             if args.smoke:
-                with twice_the_pieces():
+                with patched(WAVES=2 * ca.WAVES):
                     torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
-                with patched(STAGES=2):
-                    torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
+                for values in [dict(STAGES=2), *args.variant]:
+                    with patched(**values):
+                        torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
                 torch.testing.assert_close(op().float(), ca.reference(*case).float(), rtol=2e-2, atol=2e-2)
                 err = check_owners(case, lengths, rows)
                 print(f"smoke {rows} rows an owner, {series}, max_seq_len {cells}: the op matches the reference "
@@ -163,15 +176,21 @@ def main(argv=None) -> int:
             err = check_owners(case, lengths, rows)
             floor_ms = int(lengths.sum()) * args.kv_heads * args.head_dim * 2 * itemsize / bandwidth * 1e3
             op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
-            twice = "- | -"  # (the same launch where doubling hits MAX_SPLITS)
-            if pieces < ca.MAX_SPLITS:
-                with twice_the_pieces():
+            twice = "- | -"  # (whole runs: no pieces)
+            if ca.in_pieces(cells):
+                with patched(WAVES=2 * ca.WAVES):
                     twice_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
                 twice = f"{twice_ms * 1e3:.1f} | {twice_ms / floor_ms:.2f}"
             with patched(SPLIT_CELLS=1 << 40):  # every run whole, one program a run and KV head
                 whole_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
             with patched(STAGES=2):
                 stages_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+            variants = ""
+            for values in args.variant:
+                with patched(**values):
+                    err = max(err, check_owners(case, lengths, rows))
+                    ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+                variants += f"{ms * 1e3:.1f} | {ms / floor_ms:.2f} | "
             ref_ms = (do_bench(lambda: ca.reference(*case), warmup=5, rep=50, return_mode="median")
                       if args.reference and gathered <= REFERENCE_BYTES else None)
             ref = (f"{ref_ms * 1e3:.0f} | {ref_ms / op_ms:.1f}" if ref_ms is not None
@@ -179,7 +198,7 @@ def main(argv=None) -> int:
             lines.append(f"| {rows} | {series} | {cells} | {pieces} | {int(lengths.sum())} | "
                          f"{op_ms * 1e3:.1f} | {floor_ms * 1e3:.1f} | {op_ms / floor_ms:.2f} | {twice} | "
                          f"{whole_ms * 1e3:.1f} | {whole_ms / floor_ms:.2f} | {stages_ms * 1e3:.1f} | "
-                         f"{stages_ms / floor_ms:.2f} | {err:.1e} | {ref} |")
+                         f"{stages_ms / floor_ms:.2f} | {variants}{err:.1e} | {ref} |")
             del case
             torch.cuda.empty_cache()
     text = "\n".join(lines)

@@ -207,23 +207,32 @@ def main(argv=None) -> int:
             ok &= compile_one(
                 f"sample_select {logits} {stage_label(stage, inline)}", sample_rows.sample_select_kernel, logits,
                 dict(BUF=heavy.buf, WORK=work, STAGE=stage, INLINE=inline, LANES=select_lanes), warps or heavy.warps)
-        # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head), whole runs
-        # (a 256-cell slot) and runs in pieces (32k cells; then their combine)
+        # issue #26's attention, at Qwen3-like heads (128 dims, 2 or 4 query heads per KV head): whole runs (a
+        # 256-cell slot), runs in pieces (32k cells: the plan, the pieces, their combine)
+        ints = {n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}
+        floats = {p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")}
         for heads in (16, 32):
-            for cells in (256, 32768):
-                meta, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
-                                                           heads, 8, 128, cells)
-                ok &= compile_one(
-                    f"cached_attention {logits} G={meta['GROUPS']} splits={meta['SPLITS']}",
-                    cached_attention.cached_attention_kernel, logits, meta, warps, stages=cached_attention.STAGES,
-                    types={**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")},
-                           **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")},
-                           "scale": "fp64",  # as AOTInductor passes a Python float
-                           **{n: "i64" for n in ("q_row", "q_head", "c_slot", "c_cell", "c_head")}})
-            combine = {k: meta[k] for k in cached_attention.COMBINE_META}
-            ok &= compile_one(f"cached_attention combine {logits} G={meta['GROUPS']}", cached_attention.combine_kernel,
-                              logits, combine, cached_attention.COMBINE_WARPS,
-                              types={"out_ptr": logits, **{p: "*fp32" for p in ("m_ptr", "l_ptr", "acc_ptr")}})
+            whole, warps = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
+                                                        heads, 8, 128, 256)
+            pieces = cached_attention.launch_meta(torch.float32 if logits == "*fp32" else torch.bfloat16,
+                                                  heads, 8, 128, 32768)[0]
+            tile = {k: whole[k] for k in ("GROUPS", "BLOCK_G", "BLOCK_R", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}
+            types = {**{p: logits for p in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}, **ints,
+                     "scale": "fp64"}  # (as AOTInductor passes a Python float)
+            ok &= compile_one(f"cached_attention {logits} G={whole['GROUPS']} whole",
+                              cached_attention.cached_attention_kernel, logits, tile, warps,
+                              stages=cached_attention.STAGES, types=types)
+            ok &= compile_one(
+                f"cached_attention {logits} G={whole['GROUPS']} pieces={pieces['SPLITS']}",
+                cached_attention.cached_attention_pieces_kernel, logits,
+                dict(tile, SPLITS=pieces["SPLITS"], SPLIT_CELLS=cached_attention.SPLIT_CELLS,
+                     BLOCK_T=cached_attention.BLOCK_T), warps, stages=cached_attention.STAGES,
+                types={**types, **floats, "count_ptr": "*i32"})
+            ok &= compile_one(f"cached_attention combine {logits} G={whole['GROUPS']}", cached_attention.combine_kernel,
+                              logits, {k: pieces[k] for k in cached_attention.COMBINE_META},
+                              cached_attention.COMBINE_WARPS, types={"out_ptr": logits, **floats, "count_ptr": "*i32"})
+        ok &= compile_one(f"cached_attention plan {logits}", cached_attention.cached_attention_plan_kernel, logits,
+                          dict(BLOCK_R=16), cached_attention.PLAN_WARPS)
         # issue #27's recurrence at Qwen3.5's shapes (dk = dv = 128, K = 4; the model dtype follows the logits')
         model = logits if logits == "*fp32" else "*bf16"
         ok &= compile_one(

@@ -62,12 +62,12 @@ PARTS = ("GEMMs", "attention", "heads", "other")
 
 def part(name: str) -> str:
     """Where a launch's time goes in a step: GEMMs (Inductor's templates, cuBLAS / CUTLASS
-    kernels), attention (`dflash::cached_attention`'s two kernels), heads (the verify and
+    kernels), attention (`dflash::cached_attention`'s kernels), heads (the verify and
     sampling heads, the drafts' argmax), other (Inductor's pointwise and reduction kernels)."""
     low = name.lower()
     if name.startswith("triton_tem_") or any(word in low for word in ("gemm", "xmma", "cutlass")):
         return "GEMMs"
-    if name.startswith(("cached_attention_kernel", "combine_kernel")):
+    if name.startswith(("cached_attention_", "combine_kernel")):
         return "attention"
     if name.startswith(("verify_", "greedy_rows_kernel", "sample_", "chunk_kernel")):
         return "heads"

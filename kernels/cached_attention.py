@@ -13,30 +13,35 @@ intervals: work and memory traffic follow the cells the owners hold. The drafter
 rows (context + block, causal or not, windowed or not) also see one interval each, once
 the block's K/V are in the cache (`export/models/dflash.py`).
 
-Kernel: one program per (tile of BLOCK_R rows, KV head, piece). Rows of one slot side by
-side make a run (a DFlash block's rows, a prompt chunk's; at worst one row a run). A run of at
-most BLOCK_R rows is one segment, taken by the tile its first row falls in, even where it ends
-in the next tile's rows; a longer run is cut at the tiles' edges (`_segments`). A program takes
-its tile's segments in turn, so an owner's cells are read once per segment of its rows, not
-once per row, and once in all for a run of up to BLOCK_R rows wherever it begins (cut at
-fixed rows instead, owners of 15 rows each had most of their cells read twice). A segment's
-rows x G query heads (at most QUERIES query vectors: one `tl.dot` operand) stream the union
-of the rows' intervals in blocks of BLOCK_N cells, each query masked to its own row's
-[lo, hi), with an online softmax (running max and sum, rescaled accumulator).
+Tiles: BLOCK_R rows each. Rows of one slot side by side make a run (a DFlash block's rows, a
+prompt chunk's; at worst one row a run). A run of at most BLOCK_R rows is one segment, taken by
+the tile its first row falls in, even where it ends in the next tile's rows; a longer run is
+cut at the tiles' edges (`_segments`). A program takes segments in turn, so an owner's cells
+are read once per segment of its rows, not once per row, and once in all for a run of up to
+BLOCK_R rows wherever it begins (cut at fixed rows instead, owners of 15 rows each had most of
+their cells read twice). A segment's rows x G query heads (at most QUERIES query vectors: one
+`tl.dot` operand) stream the union of the rows' intervals in blocks of BLOCK_N cells, each
+query masked to its own row's [lo, hi), with an online softmax (running max and sum, rescaled
+accumulator: `_attend`).
 
-Pieces: with slots of `cells` >= 2 x SPLIT_CELLS, the tile's work, its segments' unions laid
-end to end (`_tile_work`), is cut into pieces of whole blocks, at least SPLIT_CELLS cells each,
-one a program, as many as `splits_for` gives the launch's (tile, KV head) pairs at most (picked
-in the kernel: the row count is dynamic in an exported program); a piece may begin and end
-inside a segment. For each segment, a program stores the partial softmax of its cells in the
-piece (max, sum, unnormalised accumulator: float32, [R, H, SPLITS]; empty where it holds none:
-every segment of a piece past the tile's work, without reading a cell), and `combine_kernel`
-merges them per row, weighting each by exp(its max - the largest). Why: one program a run made the
-longest owner's cells one program's work, so at mixed lengths most of the GPU idled at the
-end (1.63x the floor on the H100 at lengths up to 32k, against 1.14x in pieces:
-benchmarks/RESULTS.md); and pieces cut run by run left the program of a tile of many short
-runs (decoding: a row an owner, 16 runs a tile) a piece of every run to read in turn, the
-first pieces of each run all on the same programs.
+Whole runs (`cached_attention_kernel`, slots of fewer than 2 x SPLIT_CELLS cells): one program
+per (tile, KV head) reads its tile's segments whole and writes their rows' outputs.
+
+Pieces (longer slots): the launch's work, every segment's union laid end to end in tile order,
+is cut into equal pieces of whole blocks, one a program of a fixed grid per KV head
+(`pieces_programs`: RESIDENT programs an SM, one wave). `cached_attention_plan_kernel` writes
+each tile's work and its longest segment's; each program of `cached_attention_pieces_kernel`
+reads that plan, walks the tiles its piece overlaps and, for each segment it overlaps, stores
+the partial softmax of the segment's cells in the piece (max, sum, unnormalised accumulator:
+float32, [R, H, SPLITS], slot k for the segment's k-th piece) and, from the segment's first
+piece, its count of pieces at its rows; `combine_kernel` merges a row's partials, weighting
+each by exp(its max - the largest). A piece is at least SPLIT_CELLS cells (its partial, 16 KB
+at 32 x 128 queries, then <= 1/32 of its reads) and at least 1/(SPLITS - 1) of the longest
+segment (so a segment spans SPLITS pieces at most). Why: when a program's work followed the
+owners' lengths (one program a run, or a tile cut into up to 4 pieces), at mixed lengths the
+longest ran on after the rest of the GPU idled: 1.63x the floor on the H100 at lengths up to
+32k with one a run; 1.17-1.19x on the H200 with up to 4 pieces a tile, where decoding's tiles
+(16 one-row runs laid end to end, 8 even pieces) read at 1.03x (benchmarks/RESULTS.md).
 
 Sums in float32: float32 caches multiply in IEEE float32; bfloat16 / float16 q and K go to
 the MMA in their own type, whose products are exact in its float32 sums (q k^T as exact as
@@ -63,15 +68,19 @@ MAX_HEAD_DIM = 256
 BLOCK_N = 64  # cells per step, half types; float32: half as many (tests: lengths around it cover the block edges)
 MAX_ROWS = 16  # rows of one run: a DFlash block
 QUERIES = 32  # query vectors (rows x query heads of one KV head) per program at most
-SPLIT_CELLS = 1024  # cells a piece at least (its partial, 16 KB at 32 x 128, is then <= 1/32 of its reads)
-MAX_SPLITS = 16  # pieces a tile's work at most (the partials of 1024 rows x 16 heads x 128: 136 MB of float32)
-PIECES_MANY, PIECES_FEW = 4, 8  # pieces a tile at most where (tile, KV head) pairs are many / few (`splits_for`)
-MANY_PROGRAMS = 256  # (tile, KV head) pairs from which they are many
+SPLIT_CELLS = 1024  # cells a piece at least; slots of fewer than twice as many are read in whole runs
+SPLITS = 8  # pieces a segment spans at most: its partials' slots ([R, H, SPLITS]: 68 MB at 1024 x 16 x 128)
+RESIDENT = 2  # programs an SM holds: shared memory, 77,824 bytes a program at STAGES 3 in a half type
+WAVES = 1  # `cached_attention_pieces_kernel`'s programs: WAVES x RESIDENT a streaming multiprocessor
+CPU_SMS = 2  # the streaming multiprocessors assumed off a GPU (the interpreter's tests: a few programs)
+BLOCK_T = 1024  # tiles a step of `cached_attention_pieces_kernel`'s walk over the plan
 STAGES = 3  # the cells loop's software pipeline (Triton's default): its K and V blocks in flight. Shared memory
 # in a half type (sm_90, benchmarks/kernel_registers.py): 77,824 bytes at 3, 2 programs an H100 SM; 45,056 at 2,
 # 3 an SM (then the registers', 168, bound it)
+WARPS = 4  # the kernel's warps (4 x 32 threads over a [QUERIES, BLOCK_N] block of scores)
+PLAN_WARPS = 1
 COMBINE_WARPS = 2
-COMBINE_META = ("GROUPS", "BLOCK_G", "BLOCK_R", "HEAD_DIM", "BLOCK_D", "SPLITS", "BUSY_SPLITS", "BUSY_PROGRAMS")
+COMBINE_META = ("GROUPS", "BLOCK_G", "HEAD_DIM", "BLOCK_D", "SPLITS")
 
 
 def supports(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -84,46 +93,32 @@ def reference(q, k_cache, v_cache, slot, lo, hi):  # [R, H, D], [S, T, KV, D] x2
     return layers.CachedAttention()(q, k_cache, v_cache, slot, lo, hi)
 
 
-def splits_for(cells: int, programs: int) -> int:
-    """Pieces a tile's work is cut into at most, for slots of `cells` cells and a launch of
-    `programs` (tile, KV head) pairs: none below 2 x SPLIT_CELLS cells; else PIECES_MANY where the
-    pairs alone nearly fill the GPU (a verify step: 64 tiles x 8 KV heads), PIECES_FEW where they
-    are few (decoding, a row an owner: 4 x 8). Pieces past a tile's work still cost their
-    programs, and a launch of 16 pieces a tile took ~1.6x the time of one of 4 at 16 rows an
-    owner of 128-2048 cells; decoding wants more, 8 (benchmarks/HISTORY.md, session 59).
-    The kernel applies it at run time (`_pieces_at_most`): a program's row count is dynamic."""
-    if cells < 2 * SPLIT_CELLS:
-        return 1
-    return min(MAX_SPLITS, PIECES_MANY if programs >= MANY_PROGRAMS else PIECES_FEW)
+def in_pieces(cells: int) -> bool:
+    """Slots of `cells` cells are read in pieces (`cached_attention_pieces_kernel`), not in whole
+    runs."""
+    return cells >= 2 * SPLIT_CELLS
+
+
+def pieces_programs(device: torch.device, kv_heads: int) -> int:
+    """`cached_attention_pieces_kernel`'s programs per KV head: WAVES x RESIDENT per streaming
+    multiprocessor of the device, shared among the KV heads. A constant of the launch, fixed when a program is
+    exported (on the GPU it will run on): equal pieces over one wave, so no program runs on
+    after the others."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SMS
+    return max(1, WAVES * RESIDENT * sms // kv_heads)
 
 
 def launch_meta(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, cells: int) -> tuple[dict, int]:
-    """The kernel's constexprs and warps for one head layout and slot size (the launcher and the
+    """The kernels' constexprs and warps for one head layout and slot size (the launcher and the
     sm_90 compile check, benchmarks/kernel_registers.py, use the same ones). BLOCK_R x BLOCK_G >=
-    16 query vectors: `tl.dot`'s smallest operand. SPLITS: the pieces of a launch of few programs
-    (the grid's third dimension, the partials' layout); BUSY_SPLITS those of a launch of
-    BUSY_PROGRAMS or more. Not from the row count: an exported program is traced at its largest
-    (`export/methods.trace_sizes`) and runs at any, so `_pieces_at_most` picks at run time (picked
-    at the trace, decoding's 64 rows ran in a verify step's 4 pieces: a one-row call's kernels
-    2969 us against 2655 picked at run time in the runner's profile, benchmarks/HISTORY.md,
-    session 60)."""
+    16 query vectors: `tl.dot`'s smallest operand. SPLITS: 1 for whole runs, else the partials'
+    slots a row."""
     groups = heads // kv_heads
     block_g = triton.next_power_of_2(groups)
-    block_r = max(1, min(MAX_ROWS, QUERIES // block_g))
-    splits, busy = splits_for(cells, 0), splits_for(cells, MANY_PROGRAMS)
-    assert busy <= splits, f"the pieces of a busy launch ({busy}) exceed those of an idle one ({splits})"
-    return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=block_r, HEAD_DIM=head_dim,
-                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+    return dict(GROUPS=groups, BLOCK_G=block_g, BLOCK_R=max(1, min(MAX_ROWS, QUERIES // block_g)),
+                HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 BLOCK_N=BLOCK_N // 2 if dtype == torch.float32 else BLOCK_N,  # float32 K / V: twice the registers
-                SPLITS=splits, BUSY_SPLITS=busy, BUSY_PROGRAMS=MANY_PROGRAMS, SPLIT_CELLS=SPLIT_CELLS), 4
-
-
-@triton.jit
-def _pieces_at_most(tiles, kv_heads, SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr, BUSY_PROGRAMS: tl.constexpr):
-    """`splits_for` for this launch's (tile, KV head) pairs, at run time: the pieces a tile's work
-    is cut into at most; a program of a later piece stores nothing and `combine_kernel` reads
-    none of its partials."""
-    return tl.where(tiles * kv_heads >= BUSY_PROGRAMS, BUSY_SPLITS, SPLITS)
+                SPLITS=SPLITS if in_pieces(cells) else 1), WARPS
 
 
 @triton.jit
@@ -155,42 +150,53 @@ def _segments(w, slots, before_slots, back, rows, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells):
-    """The cells of the tile's segments laid end to end: each segment's union of intervals, as
-    the kernel's loop over them finds it, summed (a match of rows to segments: a loop over them
-    here took ~80 more registers in the whole kernel on sm_90). Its result picks no store's
+def _attend(q, k_ptr, v_ptr, base, c_cell, lo, hi, begin, finish, scale, QUERY_VECTORS: tl.constexpr,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The online softmax of queries q [QUERY_VECTORS, BLOCK_D] over cells [begin, finish) of
+    one slot and KV head (`base`), each query masked to its own [lo, hi): (running max, sum,
+    unnormalised accumulator), float32. Its results are stored as values only, never pick an
     address (the package docstring's rule)."""
-    mine = ids > 0
-    lo = tl.maximum(tl.load(lo_ptr + w, mask=mine, other=0), 0)
-    hi = tl.minimum(tl.load(hi_ptr + w, mask=mine, other=0), cells)
-    same = (ids[:, None] == ids[None, :]) & mine[None, :]
-    seg_lo = tl.min(tl.where(same & (hi > lo)[None, :], lo[None, :], cells), 1)
-    seg_hi = tl.max(tl.where(same, hi[None, :], 0), 1)
-    return tl.sum(tl.where(starts, tl.maximum(seg_hi - seg_lo, 0), 0))
+    IEEE: tl.constexpr = k_ptr.dtype.element_ty == tl.float32  # float32 caches: IEEE float32 products
+    d = tl.arange(0, BLOCK_D)
+    m = tl.full([QUERY_VECTORS], float("-inf"), tl.float32)
+    total = tl.zeros([QUERY_VECTORS], tl.float32)
+    acc = tl.zeros([QUERY_VECTORS, BLOCK_D], tl.float32)
+    for start in range(begin, finish, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
+        kv_mask = (n < finish)[:, None] & (d < HEAD_DIM)[None, :]  # past the piece: zeros (no NaN from any cell)
+        k = tl.load(k_ptr + at, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + at, mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:  # a half type's products are exact in the float32 sums
+            s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+        sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None]) & (n < finish)[None, :]
+        s = tl.where(sees, s * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a query that has seen nothing yet
+        alpha = tl.exp(m - shift)
+        p = tl.exp(s - shift[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:  # the probabilities rounded to the half type, as flash attention does
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+        m = m_new
+    return m, total, acc
 
 
 @triton.jit
-def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, rows,
-                            cells, scale, q_row, q_head, c_slot, c_cell, c_head,
-                            GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
-                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr, BUSY_PROGRAMS: tl.constexpr,
-                            SPLIT_CELLS: tl.constexpr):
-    """Program (tile, kv, split): for KV head kv, piece `split` of the tile's work (the cells of
-    each of its segments, laid end to end). SPLITS 1: the output of the segments' rows; else,
-    for each segment, the partial softmax (m, l, acc) of its cells in the piece (none: empty)
-    for `combine_kernel`; nothing from a piece past this launch's `_pieces_at_most`."""
+def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, rows, cells, scale, q_row,
+                            q_head, c_slot, c_cell, c_head, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                            BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    """Program (tile, kv): for KV head kv, each of the tile's segments over its rows' union of
+    intervals, whole: the output of the segment's rows."""
     tile = tl.program_id(0).to(tl.int64) * BLOCK_R
     kv = tl.program_id(1)
-    split = tl.program_id(2)
-    if SPLITS > 1:
-        limit = _pieces_at_most(tl.num_programs(0), tl.num_programs(1), SPLITS, BUSY_SPLITS, BUSY_PROGRAMS)
-        if split >= limit:
-            return
-    num_heads = GROUPS * tl.num_programs(1)
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
-    IEEE: tl.constexpr = k_ptr.dtype.element_ty == tl.float32  # float32 caches: IEEE float32 products
     w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
     slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
     before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
@@ -203,93 +209,152 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
     heads = kv * GROUPS + i % BLOCK_G
     in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
-    piece_lo = tl.zeros((), dtype=tl.int64)  # this program's piece of the work laid end to end
-    piece_hi = piece_lo
-    pieces = tl.full((), 1, tl.int64)
-    if SPLITS > 1:
-        work = _tile_work(lo_ptr, hi_ptr, w, starts, ids, cells)
-        pieces = tl.minimum(tl.maximum(tl.cdiv(work, SPLIT_CELLS), 1), limit)
-        size = tl.cdiv(tl.cdiv(work, pieces), BLOCK_N) * BLOCK_N  # whole blocks, at least SPLIT_CELLS cells
-        piece_lo = split * size
-        piece_hi = piece_lo + size
-    laid = tl.zeros((), dtype=tl.int64)  # the work of the segments before this one
     first = tl.min(tl.where(starts, w, none))
     while first < none:  # the tile's segments: rows first .. stop - 1 of one slot
         slot = tl.load(slot_ptr + first)
         stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
         row = first + i // BLOCK_G
         live = (row < stop) & in_group
-        # a piece past the tile's work (short segments) reads no interval (so no cell) and stores empty partials;
-        # its program still costs: 16 pieces a tile at 16 rows an owner of 128-2048 cells took 250.8 us on the
-        # H100, 258.5 with the intervals read, 156.4 in 4 pieces (benchmarks/HISTORY.md, session 59: `splits_for`)
-        reads = live & (split < pieces)
-        lo = tl.where(reads, tl.maximum(tl.load(lo_ptr + row, mask=reads, other=0), 0), 0)
-        hi = tl.where(reads, tl.minimum(tl.load(hi_ptr + row, mask=reads, other=0), cells), 0)
-        start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
-        end_at = tl.max(hi)
-        begin = start_at
-        finish = end_at
-        if SPLITS > 1:  # the segment's cells in this program's piece
-            span = tl.maximum(end_at - start_at, 0)
-            begin = start_at + tl.minimum(tl.maximum(piece_lo - laid, 0), span)
-            finish = start_at + tl.minimum(tl.maximum(piece_hi - laid, 0), span)
-            laid += span
+        lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
+        hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+        begin = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
+        finish = tl.max(hi)
         q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
         q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
         q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0)
-        base = slot * c_slot + kv * c_head
-        m = tl.full([BLOCK_R * BLOCK_G], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_R * BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_R * BLOCK_G, BLOCK_D], tl.float32)
-        for start in range(begin, finish, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            at = base + n[:, None].to(tl.int64) * c_cell + d[None, :]
-            kv_mask = (n < finish)[:, None] & (d < HEAD_DIM)[None, :]  # past the piece: zeros (no NaN from any cell)
-            k = tl.load(k_ptr + at, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + at, mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:  # a half type's products are exact in the float32 sums
-                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-            sees = (n[None, :] >= lo[:, None]) & (n[None, :] < hi[:, None]) & (n < finish)[None, :]
-            s = tl.where(sees, s * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a query that has seen nothing yet
-            alpha = tl.exp(m - shift)
-            p = tl.exp(s - shift[:, None])
-            total = total * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:  # the probabilities rounded to the half type, as flash attention does
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
-            m = m_new
-        if SPLITS == 1:
-            out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
-            # out is [R, H * D]: a row's heads side by side, as q's are
-            tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
-        else:  # partial [rows, H, SPLITS] (acc: x HEAD_DIM); acc only where the piece saw a cell
-            part = (row * num_heads + heads) * SPLITS + split
-            tl.store(m_ptr + part, m, mask=live)
-            tl.store(l_ptr + part, total, mask=live)
-            tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & (total > 0)[:, None])
+        m, total, acc = _attend(q, k_ptr, v_ptr, slot * c_slot + kv * c_head, c_cell, lo, hi, begin, finish, scale,
+                                BLOCK_R * BLOCK_G, HEAD_DIM, BLOCK_D, BLOCK_N)
+        out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
+        # out is [R, H * D]: a row's heads side by side, as q's are
+        tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
         first = tl.min(tl.where(starts & (w >= stop), w, none))
 
 
 @triton.jit
-def combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, BUSY_SPLITS: tl.constexpr,
-                   BUSY_PROGRAMS: tl.constexpr):
+def cached_attention_plan_kernel(slot_ptr, lo_ptr, hi_ptr, plan_ptr, rows, cells, BLOCK_R: tl.constexpr):
+    """Program t: tile t's work (its segments' unions laid end to end, as the pieces kernel's walk
+    over them finds them) at plan[t], its longest segment's at plan[tiles + t]. Its sums pick no
+    store's address here; the pieces kernel loads them (the package docstring's rule)."""
+    tile = tl.program_id(0).to(tl.int64) * BLOCK_R
+    w = tile + tl.arange(0, 2 * BLOCK_R)
+    slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
+    before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
+    b = tile - 1 - tl.arange(0, BLOCK_R)
+    first_slot = tl.sum(tl.where(w == tile, slots, 0))
+    back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
+    starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+    mine = ids > 0
+    lo = tl.maximum(tl.load(lo_ptr + w, mask=mine, other=0), 0)
+    hi = tl.minimum(tl.load(hi_ptr + w, mask=mine, other=0), cells)
+    same = (ids[:, None] == ids[None, :]) & mine[None, :]
+    seg_lo = tl.min(tl.where(same & (hi > lo)[None, :], lo[None, :], cells), 1)
+    seg_hi = tl.max(tl.where(same, hi[None, :], 0), 1)
+    span = tl.where(starts, tl.maximum(seg_hi - seg_lo, 0), 0)
+    tl.store(plan_ptr + tl.program_id(0), tl.sum(span))
+    tl.store(plan_ptr + tl.num_programs(0) + tl.program_id(0), tl.max(span))
+
+
+@triton.jit
+def cached_attention_pieces_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, plan_ptr, m_ptr, l_ptr, acc_ptr,
+                                   count_ptr, rows, cells, scale, q_row, q_head, c_slot, c_cell, c_head,
+                                   GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+                                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                                   SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Program (p, kv): for KV head kv, piece p of the launch's work (every tile's, laid end to
+    end in tile order, from the plan): for each segment it overlaps, the partial softmax of its
+    cells in the piece at the segment's slot k (its k-th piece), and from the segment's first
+    piece (KV head 0) the segment's count of pieces at its rows. A segment of no cells has one
+    piece, the one its place falls in: empty partials."""
+    p = tl.program_id(0)
+    kv = tl.program_id(1)
+    last = tl.num_programs(0) - 1
+    tiles = tl.cdiv(rows, BLOCK_R)
+    scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)  # (fp64 from AOTInductor, as above)
+    work = tl.zeros((), dtype=tl.int64)
+    longest = tl.zeros((), dtype=tl.int64)
+    for t0 in range(0, tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        work += tl.sum(tl.load(plan_ptr + t, mask=t < tiles, other=0))
+        longest = tl.maximum(longest, tl.max(tl.load(plan_ptr + tiles + t, mask=t < tiles, other=0)))
+    size = tl.maximum(tl.maximum(tl.cdiv(work, last + 1), tl.cdiv(longest, SPLITS - 1)), SPLIT_CELLS)
+    size = tl.cdiv(size, BLOCK_N) * BLOCK_N  # whole blocks
+    if p > tl.minimum(work // size, last):  # past the work
+        return
+    # the first tile whose work, its end included, reaches this piece
+    first_tile = tiles
+    tile_at = tl.zeros((), dtype=tl.int64)  # the work of the tiles before it
+    laid = tl.zeros((), dtype=tl.int64)
+    for t0 in range(0, tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tile_work = tl.load(plan_ptr + t, mask=t < tiles, other=0)
+        ends = laid + tl.cumsum(tile_work, 0)
+        here = tl.min(tl.where((t < tiles) & (tl.minimum(ends // size, last) >= p), t, tiles))
+        take = (first_tile == tiles) & (here < tiles)
+        tile_at = tl.where(take, tl.sum(tl.where(t == here, ends - tile_work, 0)), tile_at)
+        first_tile = tl.where(take, here, first_tile)
+        laid += tl.sum(tile_work)
+    num_heads = GROUPS * tl.num_programs(1)
+    d = tl.arange(0, BLOCK_D)
+    i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
+    heads = kv * GROUPS + i % BLOCK_G
+    in_group = i % BLOCK_G < GROUPS  # (BLOCK_G pads the group to a power of two)
+    t = first_tile
+    while (t < tiles) & (tl.minimum(tile_at // size, last) <= p):  # the tiles this piece overlaps
+        tile = t.to(tl.int64) * BLOCK_R
+        w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
+        slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
+        before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
+        b = tile - 1 - tl.arange(0, BLOCK_R)
+        first_slot = tl.sum(tl.where(w == tile, slots, 0))
+        back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
+        starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+        none = tile + 2 * BLOCK_R  # past the window: no segment left
+        at = tile_at  # the launch's work before the segment
+        first = tl.min(tl.where(starts, w, none))
+        while first < none:  # the tile's segments: rows first .. stop - 1 of one slot
+            stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
+            row = first + i // BLOCK_G
+            live = (row < stop) & in_group
+            lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
+            hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
+            start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
+            span = tl.maximum(tl.max(hi) - start_at, 0)
+            first_piece = tl.minimum(at // size, last)
+            last_piece = tl.minimum((at + tl.maximum(span, 1) - 1) // size, last)
+            if (first_piece <= p) & (p <= last_piece):
+                begin = start_at + tl.minimum(tl.maximum(p * size - at, 0), span)
+                finish = start_at + tl.minimum(tl.maximum((p + 1) * size - at, 0), span)
+                slot = tl.load(slot_ptr + first)
+                q_at = row[:, None] * q_row + heads[:, None] * q_head + d[None, :]
+                q_mask = live[:, None] & (d < HEAD_DIM)[None, :]
+                q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0)
+                m, total, acc = _attend(q, k_ptr, v_ptr, slot * c_slot + kv * c_head, c_cell, lo, hi, begin, finish,
+                                        scale, BLOCK_R * BLOCK_G, HEAD_DIM, BLOCK_D, BLOCK_N)
+                part = (row * num_heads + heads) * SPLITS + (p - first_piece)
+                tl.store(m_ptr + part, m, mask=live)
+                tl.store(l_ptr + part, total, mask=live)
+                tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & (total > 0)[:, None])
+                if (p == first_piece) & (kv == 0):
+                    tl.store(count_ptr + row, tl.zeros_like(row).to(tl.int32) + (last_piece - first_piece + 1),
+                             mask=live)
+            at += span
+            first = tl.min(tl.where(starts & (w >= stop), w, none))
+        tile_at += tl.load(plan_ptr + t)
+        t += 1
+
+
+@triton.jit
+def combine_kernel(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
     """Program (row, kv): the row's query heads of KV head kv from their partials (the first
-    `_pieces_at_most` of SPLITS), each weighted by exp(its max - the largest); a head no piece saw
-    a cell for gets zeros."""
+    `count_ptr[row]`: its segment's pieces), each weighted by exp(its max - the largest); a head
+    no piece saw a cell for gets zeros."""
     row = tl.program_id(0).to(tl.int64)
     num_heads = GROUPS * tl.num_programs(1)
     g = tl.arange(0, BLOCK_G)
     heads = tl.program_id(1) * GROUPS + g
-    limit = _pieces_at_most(tl.cdiv(tl.num_programs(0), BLOCK_R), tl.num_programs(1), SPLITS, BUSY_SPLITS,
-                            BUSY_PROGRAMS)
     split = tl.arange(0, SPLITS)
-    live = (g < GROUPS)[:, None] & (split < limit)[None, :]
+    live = (g < GROUPS)[:, None] & (split < tl.load(count_ptr + row))[None, :]
     part = (row * num_heads + heads)[:, None] * SPLITS + split[None, :]
     m = tl.load(m_ptr + part, mask=live, other=float("-inf"))
     total = tl.load(l_ptr + part, mask=live, other=0.0)
@@ -351,18 +416,25 @@ def cached_attention(
     if rows == 0:
         return out
     meta, warps = launch_meta(q.dtype, heads, kv_heads, dim, k_cache.shape[1])
-    splits = meta["SPLITS"]
-    parts = (rows, heads, splits)  # the pieces' partials (SPLITS 1: none; the output is written at once)
-    m, total = (torch.empty(parts if splits > 1 else 0, dtype=torch.float32, device=q.device) for _ in range(2))
-    acc = torch.empty((*parts, dim) if splits > 1 else 0, dtype=torch.float32, device=q.device)
-    wrap_triton(cached_attention_kernel)[(triton.cdiv(rows, meta["BLOCK_R"]), kv_heads, splits)](
-        q, k_cache, v_cache, slot, lo, hi, out, m, total, acc, rows, k_cache.shape[1], dim ** -0.5,
-        heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), **meta, num_warps=warps,
-        num_stages=STAGES,
-    )
-    if splits > 1:
-        wrap_triton(combine_kernel)[(rows, kv_heads)](
-            m, total, acc, out, **{k: meta[k] for k in COMBINE_META}, num_warps=COMBINE_WARPS)
+    cells, tiles = k_cache.shape[1], triton.cdiv(rows, meta["BLOCK_R"])
+    common = (rows, cells, dim ** -0.5, heads * dim, dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    tile_meta = {k: meta[k] for k in ("GROUPS", "BLOCK_G", "BLOCK_R", "HEAD_DIM", "BLOCK_D", "BLOCK_N")}
+    if meta["SPLITS"] == 1:
+        wrap_triton(cached_attention_kernel)[(tiles, kv_heads)](
+            q, k_cache, v_cache, slot, lo, hi, out, *common, **tile_meta, num_warps=warps, num_stages=STAGES)
+        return out
+    plan = torch.empty((2, tiles), dtype=torch.int64, device=q.device)  # each tile's work, its longest segment
+    wrap_triton(cached_attention_plan_kernel)[(tiles,)](slot, lo, hi, plan, rows, cells, BLOCK_R=meta["BLOCK_R"],
+                                                        num_warps=PLAN_WARPS)
+    parts = (rows, heads, meta["SPLITS"])  # the pieces' partials, and each row's count of them
+    m, total = (torch.empty(parts, dtype=torch.float32, device=q.device) for _ in range(2))
+    acc = torch.empty((*parts, dim), dtype=torch.float32, device=q.device)
+    count = torch.empty(rows, dtype=torch.int32, device=q.device)
+    wrap_triton(cached_attention_pieces_kernel)[(pieces_programs(q.device, kv_heads), kv_heads)](
+        q, k_cache, v_cache, slot, lo, hi, plan, m, total, acc, count, *common, **tile_meta, SPLITS=meta["SPLITS"],
+        SPLIT_CELLS=SPLIT_CELLS, BLOCK_T=BLOCK_T, num_warps=warps, num_stages=STAGES)
+    wrap_triton(combine_kernel)[(rows, kv_heads)](
+        m, total, acc, count, out, **{k: meta[k] for k in COMBINE_META}, num_warps=COMBINE_WARPS)
     return out
 
 

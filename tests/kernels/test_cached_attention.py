@@ -21,13 +21,14 @@ SLOTS, CELLS, HEADS, KV, DIM = 3, 2 * N + 8, 4, 2, 16
 
 @pytest.fixture(params=[None, 8, 32], ids=["whole", "pieces-8", "pieces-32"])
 def split(request, monkeypatch):
-    """None: the launcher's own pieces (one a run at CELLS); else pieces of at least that many
-    cells (so up to 8, most of them past a short run's cells)."""
+    """None: whole runs (CELLS is below 2 x SPLIT_CELLS); else the launch's work in pieces of at
+    least that many cells (whole blocks), over 8 programs a KV head."""
     if request.param is not None:
         monkeypatch.setattr(ca, "SPLIT_CELLS", request.param)
-        assert ca.splits_for(CELLS, 1) > 1
+        monkeypatch.setattr(ca, "CPU_SMS", 8)  # 8 programs a KV head: pieces of a block or two here
+        assert ca.in_pieces(CELLS)
     else:
-        assert ca.splits_for(CELLS, 1) == 1
+        assert not ca.in_pieces(CELLS)
     return request.param
 
 

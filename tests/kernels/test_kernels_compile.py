@@ -28,9 +28,9 @@ def test_every_kernel_variant_compiles_for_sm90_without_spills(logits):
                          env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [x for x in run.stdout.splitlines() if "REG:" in x]
-    assert len(lines) == 23 and all(f"*{logits}" in x for x in lines), lines  # verify 9 (4 select stages),
-    # greedy_rows, sample_rows 6 (3 select stages), attention 6 (2 head layouts: whole, in pieces, combine),
-    # delta_rows
+    assert len(lines) == 24 and all(f"*{logits}" in x for x in lines), lines  # verify 9 (4 select stages),
+    # greedy_rows, sample_rows 6 (3 select stages), attention 7 (2 head layouts: whole, in pieces, combine; the
+    # plan), delta_rows
     for line in lines:
         assert int(re.search(r"REG:(\d+)", line).group(1)) <= 255 and "LOCAL:0" in line, line  # no spills
     for line in lines:  # the sample select's launches: no stack frame either (their descents over a
@@ -80,7 +80,7 @@ def test_kernels_compile_with_vocab_as_a_constant():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_registers.py"), "--const-vocab",
                           "--ttir", "--logits", "fp16"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 23, run.stdout  # as above
+    assert len([x for x in run.stdout.splitlines() if "TTIR ops:" in x]) == 24, run.stdout  # as above
 
 
 def test_kernel_sources_survive_inductors_source_file():
@@ -112,8 +112,8 @@ print("kernels", seen)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert int(run.stdout.split()[-1]) == 10, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 3,
-    # attention 2 (the pieces and their combine), greedy_rows 1, delta_rows 1
+    assert int(run.stdout.split()[-1]) == 12, run.stdout  # verify.py 3 (argmax among them), sample_rows.py 3,
+    # attention 4 (whole runs; the plan, the pieces and their combine), greedy_rows 1, delta_rows 1
 
 
 def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
@@ -137,9 +137,9 @@ def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
     assert found["fallbacks"] == 0, run.stderr[-3000:]
     assert found["odd_arguments"] == [], found["odd_arguments"]  # pass ints, not tl.constexpr objects
     launches = found["launches"]
-    assert len(launches) == 19, launches  # verify 7 (4 of the select), verify_argmax 2, sample_rows 6 (3 of the
-    # select), cached_attention 3 (whole runs; runs in pieces and their combine), delta_rows 1
-    scratch = {"work_ptr", "part_ptr", "m_ptr", "l_ptr", "acc_ptr"}
+    assert len(launches) == 20, launches  # verify 7 (4 of the select), verify_argmax 2, sample_rows 6 (3 of the
+    # select), cached_attention 4 (whole runs; runs in pieces: the plan, the pieces, their combine), delta_rows 1
+    scratch = {"work_ptr", "part_ptr", "m_ptr", "l_ptr", "acc_ptr", "count_ptr", "plan_ptr"}
     outputs = {"accepted_ptr", "next_token_ptr", "out_ptr", "windows_out_ptr", "states_out_ptr", "core_ptr"}
     for kernel, writes in launches:
         assert writes and set(writes) <= scratch | outputs, (kernel, writes)
@@ -150,7 +150,9 @@ def test_torch_mutation_analysis_finds_no_launch_writing_an_input():
     for kernel, writes in launches:
         assert writes == exact.get(kernel, writes), (kernel, writes)
     assert sorted(w for k, w in launches if k == "sample_rows_kernel") == [["out_ptr"], ["out_ptr", "work_ptr"]]
-    assert [w for k, w in launches if k == "cached_attention_kernel"] == [["out_ptr"], ["acc_ptr", "l_ptr", "m_ptr"]]
+    attention = [(k, w) for k, w in launches if k.startswith("cached_attention")]
+    assert attention == [("cached_attention_kernel", ["out_ptr"]), ("cached_attention_plan_kernel", ["plan_ptr"]),
+                         ("cached_attention_pieces_kernel", ["acc_ptr", "count_ptr", "l_ptr", "m_ptr"])], attention
     assert all(w in (["work_ptr"], ["out_ptr", "work_ptr"]) for k, w in launches if k == "sample_select_kernel")
     # --explain names, for a launch that would count an input as written, the writes that lead there
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "mutation_analysis.py"), "--explain", "work_ptr"],
