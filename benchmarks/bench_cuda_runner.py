@@ -200,8 +200,8 @@ def roofline_lines(cfg, owners: int, cells: list[float], timings: dict) -> list[
     lines = [f"Roofline: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write), bf16 matmul "
              f"{rate / 1e12:.0f} TFLOP/s at [{owners * block} x {target.hidden_size}] x "
              f"[{target.hidden_size} x {target.vocab_size}]; mean context {sum(cells) / len(cells):.0f} cells", "",
-             "| call | rows | GFLOP | GB | memory us | compute us | measured us | x roofline |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| call | rows | GFLOP | GB | memory us | compute us | measured us | x roofline | sequential floor us "
+             "| x sequential floor |", "|---|---|---|---|---|---|---|---|---|---|"]
     calls = [("target_verify", "speculative", block), ("draft_forward", "speculative", block),
              ("target_verify", "target-only", 1)]
     for method, mode, rows_per_owner in calls:
@@ -210,9 +210,11 @@ def roofline_lines(cfg, owners: int, cells: list[float], timings: dict) -> list[
             continue
         terms = step_terms(target, drafter, owners, rows_per_owner, cells, element)[method]
         memory, compute = terms.seconds(bandwidth, rate)
+        sequential = terms.sequential(bandwidth, rate)
         lines.append(f"| {method} ({mode}) | {owners * (block if method == 'draft_forward' else rows_per_owner)} | "
                      f"{terms.flops / 1e9:.0f} | {terms.bytes / 1e9:.2f} | {memory * 1e6:.0f} | {compute * 1e6:.0f} | "
-                     f"{measured:.0f} | {measured * 1e-6 / max(memory, compute):.2f} |")
+                     f"{measured:.0f} | {measured * 1e-6 / max(memory, compute):.2f} | {sequential * 1e6:.0f} | "
+                     f"{measured * 1e-6 / sequential:.2f} |")
     return lines
 
 

@@ -11,6 +11,13 @@ Per call (`step_terms`), from the model shapes and the owners' context lengths:
 - `draft_forward` over owners x block rows: the drafter's layers and `fc`, the target's
   lm_head over block - 1 rows per owner, the drafter's context cells.
 Norms, RoPE, embeddings and the heads' arithmetic are left out (small against these).
+
+The sequential floor (`Terms.sequential`): the attention and the dense layers run one after
+the other (AOTInductor launches a call's kernels on one stream, each layer's attention between
+its matmuls), so a call takes at least the attention's own roofline (its KV bytes, or its
+FLOPs) plus the rest's (the weights and logits, or the matmuls' FLOPs). Where the memory and
+compute terms are of a size, that sum is up to twice the roofline: the part of "x roofline"
+that no faster kernel removes.
 """
 
 from dataclasses import dataclass
@@ -20,10 +27,19 @@ from dataclasses import dataclass
 class Terms:
     flops: float
     bytes: float
+    attention_flops: float = 0.0  # (of flops and bytes: the attention's, QK^T and PV over the KV cells)
+    attention_bytes: float = 0.0
 
     def seconds(self, copy_bytes_per_s: float, flops_per_s: float) -> tuple[float, float]:
         """(memory time, compute time): the roofline is the larger."""
         return self.bytes / copy_bytes_per_s, self.flops / flops_per_s
+
+    def sequential(self, copy_bytes_per_s: float, flops_per_s: float) -> float:
+        """The attention's roofline plus the rest's: the floor of kernels run one after the other."""
+        attention = max(self.attention_bytes / copy_bytes_per_s, self.attention_flops / flops_per_s)
+        rest = max((self.bytes - self.attention_bytes) / copy_bytes_per_s,
+                   (self.flops - self.attention_flops) / flops_per_s)
+        return attention + rest
 
 
 def layer_weights(cfg) -> int:
@@ -55,20 +71,23 @@ def step_terms(target, drafter, owners: int, rows_per_owner: int, cells: list[fl
     # a row j of an owner with c cells sees c + j + 1 of them
     seen = sum(c * rows_per_owner + rows_per_owner * (rows_per_owner + 1) / 2 for c in cells)
     weights = target.num_layers * layer_weights(target) + vocab * hidden
-    verify = Terms(
-        flops=2.0 * rows * weights + _attention(target, target.num_layers, seen),
-        bytes=element * weights + _kv_bytes(target, target.num_layers, sum(cells) + rows, element)
-        + 2.0 * element * rows * vocab)
+    attention_flops = _attention(target, target.num_layers, seen)
+    kv = _kv_bytes(target, target.num_layers, sum(cells) + rows, element)
+    verify = Terms(flops=2.0 * rows * weights + attention_flops,
+                   bytes=element * weights + kv + 2.0 * element * rows * vocab,
+                   attention_flops=attention_flops, attention_bytes=kv)
     block = drafter.block_size
     block_rows, draft_rows = owners * block, owners * (block - 1)
     fc = len(drafter.target_layer_ids) * hidden * drafter.hidden_size
     draft_weights = drafter.num_layers * layer_weights(drafter)
     block_seen = sum(c * block + block * block for c in cells)  # a block query sees the context and the block
+    attention_flops = _attention(drafter, drafter.num_layers, block_seen)
+    kv = _kv_bytes(drafter, drafter.num_layers, sum(cells) + block_rows, element)
     draft = Terms(
         flops=2.0 * (block_rows * draft_weights + draft_rows * vocab * hidden + owners * committed * fc)
-        + _attention(drafter, drafter.num_layers, block_seen),
-        bytes=element * (draft_weights + vocab * hidden + fc)
-        + _kv_bytes(drafter, drafter.num_layers, sum(cells) + block_rows, element) + 2.0 * element * draft_rows * vocab)
+        + attention_flops,
+        bytes=element * (draft_weights + vocab * hidden + fc) + kv + 2.0 * element * draft_rows * vocab,
+        attention_flops=attention_flops, attention_bytes=kv)
     return {"target_verify": verify, "draft_forward": draft}
 
 

@@ -32,6 +32,11 @@ def test_one_owner_counted_by_hand():
     assert draft.bytes == 2 * (144 + 40 + 16) + 2 * 2 * (3 + 2) * 2 + 2 * 2 * 1 * 10
     memory, compute = verify.seconds(copy_bytes_per_s=488.0, flops_per_s=880.0)
     assert (memory, compute) == (1.0, 1.0)
+    # the attention's part: its 144 FLOPs and the 40 bytes of KV; one after the other, the floor is
+    # max(40 / 488, 144 / 880) + max(448 / 488, 736 / 880)
+    assert (verify.attention_flops, verify.attention_bytes) == (144, 40)
+    assert verify.sequential(488.0, 880.0) == pytest.approx(144 / 880 + 448 / 488)
+    assert (draft.attention_flops, draft.attention_bytes) == (4 * 2 * 2 * 10, 2 * 2 * 5 * 2)
 
 
 def test_cells_must_name_every_owner():
@@ -58,4 +63,6 @@ def test_the_runner_benchmark_prints_each_call_against_its_roofline(monkeypatch)
     assert verify[2].strip() == "1024"
     # ~1.05 TFLOP at 600 TFLOP/s is the larger term: 1752 us, so 9000 us is ~5.1x
     assert 1700 < float(verify[6]) < 1800 and 5.0 < float(verify[8]) < 5.3, verify
+    # at 40 cells the attention is small: the sequential floor is about the roofline
+    assert float(verify[6]) <= float(verify[9]) < 1.1 * float(verify[6]) and 4.6 < float(verify[10]) < 5.3, verify
     assert rows["target_verify (target-only)"][2].strip() == "64"
