@@ -33,10 +33,9 @@ is cut into equal pieces of whole blocks, one a program of a fixed grid per KV h
 each tile's work and its longest segment's; each program of `cached_attention_pieces_kernel`
 reads that plan, walks the tiles its piece overlaps and, for each segment it overlaps, stores
 the partial softmax of the segment's cells in the piece (max, sum, unnormalised accumulator:
-float32, [R, H, SPLITS], slot k for the segment's k-th piece; a segment whole in one piece:
-its rows' outputs at once) and, from the segment's first piece, its count of pieces at its
-rows; `combine_kernel` merges the partials of a row of several, weighting each by exp(its max
-- the largest). A piece is at least SPLIT_CELLS cells (its partial, 16 KB
+float32, [R, H, SPLITS], slot k for the segment's k-th piece) and, from the segment's first
+piece, its count of pieces at its rows; `combine_kernel` merges a row's partials, weighting
+each by exp(its max - the largest). A piece is at least SPLIT_CELLS cells (its partial, 16 KB
 at 32 x 128 queries, then <= 1/32 of its reads) and at least 1/(SPLITS - 1) of the longest
 segment (so a segment spans SPLITS pieces at most). Why: when a program's work followed the
 owners' lengths (one program a run, or a tile cut into up to 4 pieces), at mixed lengths the
@@ -256,16 +255,16 @@ def cached_attention_plan_kernel(slot_ptr, lo_ptr, hi_ptr, plan_ptr, rows, cells
 
 
 @triton.jit
-def cached_attention_pieces_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_ptr, plan_ptr, m_ptr, l_ptr,
-                                   acc_ptr, count_ptr, rows, cells, scale, q_row, q_head, c_slot, c_cell, c_head,
+def cached_attention_pieces_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, plan_ptr, m_ptr, l_ptr, acc_ptr,
+                                   count_ptr, rows, cells, scale, q_row, q_head, c_slot, c_cell, c_head,
                                    GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
                                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                                    SPLITS: tl.constexpr, SPLIT_CELLS: tl.constexpr, BLOCK_T: tl.constexpr):
     """Program (p, kv): for KV head kv, piece p of the launch's work (every tile's, laid end to
     end in tile order, from the plan): for each segment it overlaps, the partial softmax of its
-    cells in the piece at the segment's slot k (its k-th piece), or, for a segment whole in the
-    piece, its rows' outputs; and from the segment's first piece (KV head 0) its count of pieces
-    at its rows. A segment of no cells has one piece, the one its place falls in: zeros."""
+    cells in the piece at the segment's slot k (its k-th piece), and from the segment's first
+    piece (KV head 0) the segment's count of pieces at its rows. A segment of no cells has one
+    piece, the one its place falls in: empty partials."""
     p = tl.program_id(0)
     kv = tl.program_id(1)
     last = tl.num_programs(0) - 1
@@ -331,15 +330,10 @@ def cached_attention_pieces_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr
                 q = tl.load(q_ptr + q_at, mask=q_mask & (begin < finish), other=0.0)
                 m, total, acc = _attend(q, k_ptr, v_ptr, slot * c_slot + kv * c_head, c_cell, lo, hi, begin, finish,
                                         scale, BLOCK_R * BLOCK_G, HEAD_DIM, BLOCK_D, BLOCK_N)
-                if first_piece == last_piece:  # whole in this piece: no partials, nothing to combine
-                    out = tl.where(total[:, None] > 0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
-                    tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_mask)
-                else:
-                    part = (row * num_heads + heads) * SPLITS + (p - first_piece)
-                    tl.store(m_ptr + part, m, mask=live)
-                    tl.store(l_ptr + part, total, mask=live)
-                    tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc,
-                             mask=q_mask & (total > 0)[:, None])
+                part = (row * num_heads + heads) * SPLITS + (p - first_piece)
+                tl.store(m_ptr + part, m, mask=live)
+                tl.store(l_ptr + part, total, mask=live)
+                tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask & (total > 0)[:, None])
                 if (p == first_piece) & (kv == 0):
                     tl.store(count_ptr + row, tl.zeros_like(row).to(tl.int32) + (last_piece - first_piece + 1),
                              mask=live)
@@ -354,16 +348,13 @@ def combine_kernel(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, GROUPS: tl.constex
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
     """Program (row, kv): the row's query heads of KV head kv from their partials (the first
     `count_ptr[row]`: its segment's pieces), each weighted by exp(its max - the largest); a head
-    no piece saw a cell for gets zeros. A row of one piece has its output already: nothing."""
+    no piece saw a cell for gets zeros."""
     row = tl.program_id(0).to(tl.int64)
-    count = tl.load(count_ptr + row)
-    if count == 1:
-        return
     num_heads = GROUPS * tl.num_programs(1)
     g = tl.arange(0, BLOCK_G)
     heads = tl.program_id(1) * GROUPS + g
     split = tl.arange(0, SPLITS)
-    live = (g < GROUPS)[:, None] & (split < count)[None, :]
+    live = (g < GROUPS)[:, None] & (split < tl.load(count_ptr + row))[None, :]
     part = (row * num_heads + heads)[:, None] * SPLITS + split[None, :]
     m = tl.load(m_ptr + part, mask=live, other=float("-inf"))
     total = tl.load(l_ptr + part, mask=live, other=0.0)
@@ -440,7 +431,7 @@ def cached_attention(
     acc = torch.empty((*parts, dim), dtype=torch.float32, device=q.device)
     count = torch.empty(rows, dtype=torch.int32, device=q.device)
     wrap_triton(cached_attention_pieces_kernel)[(pieces_programs(q.device, kv_heads), kv_heads)](
-        q, k_cache, v_cache, slot, lo, hi, out, plan, m, total, acc, count, *common, **tile_meta, SPLITS=meta["SPLITS"],
+        q, k_cache, v_cache, slot, lo, hi, plan, m, total, acc, count, *common, **tile_meta, SPLITS=meta["SPLITS"],
         SPLIT_CELLS=SPLIT_CELLS, BLOCK_T=BLOCK_T, num_warps=warps, num_stages=STAGES)
     wrap_triton(combine_kernel)[(rows, kv_heads)](
         m, total, acc, count, out, **{k: meta[k] for k in COMBINE_META}, num_warps=COMBINE_WARPS)
