@@ -41,7 +41,9 @@ segment (so a segment spans SPLITS pieces at most). Why: when a program's work f
 owners' lengths (one program a run, or a tile cut into up to 4 pieces), at mixed lengths the
 longest ran on after the rest of the GPU idled: 1.63x the floor on the H100 at lengths up to
 32k with one a run; 1.17-1.19x on the H200 with up to 4 pieces a tile, where decoding's tiles
-(16 one-row runs laid end to end, 8 even pieces) read at 1.03x (benchmarks/RESULTS.md).
+(16 one-row runs laid end to end, 8 even pieces) read at 1.03x. In equal pieces: 1.02x on the
+H100 (1.10x before), but ~12 us slower on short contexts in long slots, where the plan's launch
+and the combine cost more than a tail (benchmarks/RESULTS.md).
 
 Sums in float32: float32 caches multiply in IEEE float32; bfloat16 / float16 q and K go to
 the MMA in their own type, whose products are exact in its float32 sums (q k^T as exact as
