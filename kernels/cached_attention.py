@@ -152,6 +152,26 @@ def _segments(w, slots, before_slots, back, rows, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def _tile_segments(w, b, slots, before_slots, behind, rows, BLOCK_R: tl.constexpr):
+    """`_segments` of the tile whose rows' window is w (its first row w[0]), from loaded values
+    only (the package docstring's rule): `slots` the window's slots, `before_slots` the slots of
+    the rows before each, `behind` the slots of the rows b before the tile (-1 past row 0)."""
+    tile = tl.min(w)
+    first_slot = tl.sum(tl.where(w == tile, slots, 0))
+    back = tl.min(tl.where(behind != first_slot, tile - 1 - b, BLOCK_R))
+    return _segments(w, slots, before_slots, back, rows, BLOCK_R)
+
+
+@triton.jit
+def _segment_rows(first, w, starts, ids, none, i, in_group, BLOCK_G: tl.constexpr):
+    """The segment that begins at row `first`: (its end, each query vector i's row, whether that
+    is the segment's and a real query head), from values only (the package docstring's rule)."""
+    stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
+    row = first + i // BLOCK_G
+    return stop, row, (row < stop) & in_group
+
+
+@triton.jit
 def _attend(q, k_ptr, v_ptr, base, c_cell, lo, hi, begin, finish, scale, QUERY_VECTORS: tl.constexpr,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """The online softmax of queries q [QUERY_VECTORS, BLOCK_D] over cells [begin, finish) of
@@ -200,12 +220,10 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     # AOTInductor passes a Python float as fp64 (then p, and its tl.dot, were fp64; the interpreter: a float)
     scale = (tl.zeros((), dtype=tl.float32) + scale).to(tl.float32)
     w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
-    slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
-    before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
-    b = tile - 1 - tl.arange(0, BLOCK_R)
-    first_slot = tl.sum(tl.where(w == tile, slots, 0))
-    back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
-    starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+    b = tile - 1 - tl.arange(0, BLOCK_R)  # the rows before it
+    starts, ids = _tile_segments(w, b, tl.load(slot_ptr + w, mask=w < rows, other=-1),
+                                 tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1),
+                                 tl.load(slot_ptr + b, mask=b >= 0, other=-1), rows, BLOCK_R)
     none = tile + 2 * BLOCK_R  # past the window: no segment left
     d = tl.arange(0, BLOCK_D)
     i = tl.arange(0, BLOCK_R * BLOCK_G)  # query vector i: row first + i // BLOCK_G, head kv * GROUPS + i % BLOCK_G
@@ -214,9 +232,7 @@ def cached_attention_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr, out_p
     first = tl.min(tl.where(starts, w, none))
     while first < none:  # the tile's segments: rows first .. stop - 1 of one slot
         slot = tl.load(slot_ptr + first)
-        stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
-        row = first + i // BLOCK_G
-        live = (row < stop) & in_group
+        stop, row, live = _segment_rows(first, w, starts, ids, none, i, in_group, BLOCK_G)
         lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
         hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
         begin = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
@@ -238,13 +254,11 @@ def cached_attention_plan_kernel(slot_ptr, lo_ptr, hi_ptr, plan_ptr, rows, cells
     over them finds them) at plan[t], its longest segment's at plan[tiles + t]. Its sums pick no
     store's address here; the pieces kernel loads them (the package docstring's rule)."""
     tile = tl.program_id(0).to(tl.int64) * BLOCK_R
-    w = tile + tl.arange(0, 2 * BLOCK_R)
-    slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
-    before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
-    b = tile - 1 - tl.arange(0, BLOCK_R)
-    first_slot = tl.sum(tl.where(w == tile, slots, 0))
-    back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
-    starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+    w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
+    b = tile - 1 - tl.arange(0, BLOCK_R)  # the rows before it
+    starts, ids = _tile_segments(w, b, tl.load(slot_ptr + w, mask=w < rows, other=-1),
+                                 tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1),
+                                 tl.load(slot_ptr + b, mask=b >= 0, other=-1), rows, BLOCK_R)
     mine = ids > 0
     lo = tl.maximum(tl.load(lo_ptr + w, mask=mine, other=0), 0)
     hi = tl.minimum(tl.load(hi_ptr + w, mask=mine, other=0), cells)
@@ -304,19 +318,15 @@ def cached_attention_pieces_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, lo_ptr, hi_ptr
     while (t < tiles) & (tl.minimum(tile_at // size, last) <= p):  # the tiles this piece overlaps
         tile = t.to(tl.int64) * BLOCK_R
         w = tile + tl.arange(0, 2 * BLOCK_R)  # the tile's rows and the next tile's (where its segments end)
-        slots = tl.load(slot_ptr + w, mask=w < rows, other=-1)
-        before_slots = tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1)
-        b = tile - 1 - tl.arange(0, BLOCK_R)
-        first_slot = tl.sum(tl.where(w == tile, slots, 0))
-        back = tl.min(tl.where(tl.load(slot_ptr + b, mask=b >= 0, other=-1) != first_slot, tile - 1 - b, BLOCK_R))
-        starts, ids = _segments(w, slots, before_slots, back, rows, BLOCK_R)
+        b = tile - 1 - tl.arange(0, BLOCK_R)  # the rows before it
+        starts, ids = _tile_segments(w, b, tl.load(slot_ptr + w, mask=w < rows, other=-1),
+                                     tl.load(slot_ptr + w - 1, mask=(w < rows) & (w > 0), other=-1),
+                                     tl.load(slot_ptr + b, mask=b >= 0, other=-1), rows, BLOCK_R)
         none = tile + 2 * BLOCK_R  # past the window: no segment left
         at = tile_at  # the launch's work before the segment
         first = tl.min(tl.where(starts, w, none))
         while first < none:  # the tile's segments: rows first .. stop - 1 of one slot
-            stop = tl.min(tl.where((w > first) & ((ids == 0) | starts), w, none))
-            row = first + i // BLOCK_G
-            live = (row < stop) & in_group
+            stop, row, live = _segment_rows(first, w, starts, ids, none, i, in_group, BLOCK_G)
             lo = tl.where(live, tl.maximum(tl.load(lo_ptr + row, mask=live, other=0), 0), 0)
             hi = tl.where(live, tl.minimum(tl.load(hi_ptr + row, mask=live, other=0), cells), 0)
             start_at = tl.min(tl.where(hi > lo, lo, cells))  # the union of the queries' intervals
