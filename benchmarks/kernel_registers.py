@@ -232,7 +232,7 @@ def main(argv=None) -> int:
                               logits, {k: pieces[k] for k in cached_attention.COMBINE_META},
                               cached_attention.COMBINE_WARPS, types={"out_ptr": logits, **floats, "count_ptr": "*i32"})
         ok &= compile_one(f"cached_attention plan {logits}", cached_attention.cached_attention_plan_kernel, logits,
-                          dict(BLOCK_R=16), cached_attention.PLAN_WARPS)
+                          {"BLOCK_R": pieces["BLOCK_R"]}, cached_attention.PLAN_WARPS)  # (of the last head layout)
         # issue #27's recurrence at Qwen3.5's shapes (dk = dv = 128, K = 4; the model dtype follows the logits')
         model = logits if logits == "*fp32" else "*bf16"
         ok &= compile_one(

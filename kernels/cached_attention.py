@@ -103,9 +103,9 @@ def in_pieces(cells: int) -> bool:
 
 def pieces_programs(device: torch.device, kv_heads: int) -> int:
     """`cached_attention_pieces_kernel`'s programs per KV head: WAVES x RESIDENT per streaming
-    multiprocessor of the device, shared among the KV heads. A constant of the launch, fixed when a program is
-    exported (on the GPU it will run on): equal pieces over one wave, so no program runs on
-    after the others."""
+    multiprocessor of the device, shared among the KV heads. A constant of the launch, fixed when
+    a program is exported (on the GPU it will run on): equal pieces over one wave, so no program
+    runs on after the others."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_SMS
     return max(1, WAVES * RESIDENT * sms // kv_heads)
 
