@@ -94,3 +94,24 @@ def test_a_segment_spans_at_most_splits_pieces(monkeypatch):
     want = expected_pieces(hi.tolist(), ca.pieces_programs(torch.device("cpu"), KV), meta["BLOCK_N"])
     assert want[1][1] == ca.SPLITS - 1  # (without that rule: pieces of 8 cells, 33 slots)
     torch.testing.assert_close(torch.ops.dflash.cached_attention(*case), ca.reference(*case), rtol=1e-5, atol=1e-5)
+
+
+def test_a_launch_of_no_cells_gives_zeros(monkeypatch):
+    """Every row's interval empty (or clamped away): the work is 0, one program walks every tile,
+    each row counts one piece of empty partials, and the outputs are zeros."""
+    monkeypatch.setattr(ca, "SPLIT_CELLS", 8)
+    monkeypatch.setattr(ca, "CPU_SMS", 8)
+    g = torch.Generator().manual_seed(10)
+    rows = 3 * ca.launch_meta(torch.float32, HEADS, KV, DIM, CELLS)[0]["BLOCK_R"] + 1
+    slot = torch.arange(rows) % SLOTS
+    lo = torch.randint(0, CELLS + 5, (rows,), generator=g)
+    hi = torch.where(torch.arange(rows) % 2 == 0, lo, torch.full_like(lo, -1))
+    case = (torch.randn(rows, HEADS, DIM, generator=g), torch.randn(SLOTS, CELLS, KV, DIM, generator=g),
+            torch.randn(SLOTS, CELLS, KV, DIM, generator=g), slot, lo, hi)
+    made, empty = [], torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: made.append(empty(*shape, **kw)) or made[-1])
+    got = torch.ops.dflash.cached_attention(*case)
+    monkeypatch.setattr(torch, "empty", empty)
+    plan, count = made[0], made[4]  # (plan, m, l, acc, count)
+    assert plan[0].sum() == 0 and count.tolist() == [1] * rows
+    assert got.shape == (rows, HEADS * DIM) and (got == 0).all()
