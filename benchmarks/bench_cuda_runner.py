@@ -24,7 +24,8 @@ runner's --cuda-graphs (each method's calls replayed as CUDA graphs). The differ
 launch and allocation overhead that graphs remove (issue #26).
 
 A second table puts target_verify and draft_forward against their roofline (`roofline.py`:
-bytes / copy bandwidth or FLOPs / bf16 matmul rate, both measured in this run), at each
+bytes / copy bandwidth or FLOPs / bf16 matmul rate, both measured in this run) and against their
+sequential floor (the attention's roofline plus the rest's: `roofline.Terms.sequential`), at each
 owner's mean context during the run (prompt + half the new tokens).
 """
 
