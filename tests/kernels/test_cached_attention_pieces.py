@@ -31,6 +31,25 @@ def expected_pieces(spans: list[int], programs: int, block: int) -> list[tuple[i
     return out
 
 
+def run_keeping_scratch(case, monkeypatch):
+    """The op on `case`, and the scratch its launcher allocated (plan, m, l, acc, count), the
+    floating ones filled with NaN first: a slot no launch writes stays NaN."""
+    made, empty = [], torch.empty
+
+    def nan_empty(*shape, **kw):
+        t = empty(*shape, **kw)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        made.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = torch.ops.dflash.cached_attention(*case)
+    monkeypatch.setattr(torch, "empty", empty)
+    assert len(made) == 5, [t.shape for t in made]
+    return got, made
+
+
 @pytest.mark.parametrize("block_t", [2, ca.BLOCK_T])
 @pytest.mark.parametrize("sms", [4, 64])
 def test_each_segment_fills_the_slots_of_the_pieces_it_spans(block_t, sms, monkeypatch):
@@ -53,19 +72,7 @@ def test_each_segment_fills_the_slots_of_the_pieces_it_spans(block_t, sms, monke
     hi[2 * block:3 * block] = lo[2 * block:3 * block]  # a tile whose rows see no cell
     case = (torch.randn(rows, HEADS, DIM, generator=g), torch.randn(SLOTS, CELLS, KV, DIM, generator=g),
             torch.randn(SLOTS, CELLS, KV, DIM, generator=g), slot, lo, hi)
-    made, empty = [], torch.empty
-
-    def nan_empty(*shape, **kw):
-        t = empty(*shape, **kw)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        made.append(t)
-        return t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-    got = torch.ops.dflash.cached_attention(*case)
-    monkeypatch.setattr(torch, "empty", empty)
-    plan, m, count = made[0], made[1], made[4]  # (plan, m, l, acc, count)
+    got, (plan, m, _, _, count) = run_keeping_scratch(case, monkeypatch)
     spans = (hi.clamp(max=CELLS) - lo.clamp(min=0)).clamp(min=0).tolist()
     programs = ca.pieces_programs(torch.device("cpu"), KV)
     assert plan.shape == (2, -(-rows // block)) and plan[0].sum() == sum(spans)
@@ -108,10 +115,6 @@ def test_a_launch_of_no_cells_gives_zeros(monkeypatch):
     hi = torch.where(torch.arange(rows) % 2 == 0, lo, torch.full_like(lo, -1))
     case = (torch.randn(rows, HEADS, DIM, generator=g), torch.randn(SLOTS, CELLS, KV, DIM, generator=g),
             torch.randn(SLOTS, CELLS, KV, DIM, generator=g), slot, lo, hi)
-    made, empty = [], torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: made.append(empty(*shape, **kw)) or made[-1])
-    got = torch.ops.dflash.cached_attention(*case)
-    monkeypatch.setattr(torch, "empty", empty)
-    plan, count = made[0], made[4]  # (plan, m, l, acc, count)
+    got, (plan, _, _, _, count) = run_keeping_scratch(case, monkeypatch)
     assert plan[0].sum() == 0 and count.tolist() == [1] * rows
     assert got.shape == (rows, HEADS * DIM) and (got == 0).all()
