@@ -54,6 +54,7 @@ from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_
                       load_f32, load_f64, store_stats)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (more: `cut_select`)
+SAMPLE_RUNS = tl.constexpr(256)  # `sample_bound`: runs of one 16-byte load (a thread each at 8 warps) in the sample
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest lane maximum
 LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)
@@ -106,7 +107,42 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
 
 
 @triton.jit
-def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
+def sample_bound(row_ptr, vocab, top_k, BUF: tl.constexpr):
+    """An unsigned key bound for a top-k row whose k exceeds the lanes (-1: none), from a sample
+    of the row: SAMPLE_RUNS runs of VEC consecutive tokens (one 16-byte load each), evenly
+    spread, at least 4 runs' length apart. With n points, a token of the top-k set is a point
+    with probability n / V, so about E = k n / V points are in it; the bound is the key of the
+    lo-th largest point, lo = E + 3 sqrt(E) + 2 (fewer than k tokens at or above it: about 1 row
+    in 2000), taken only where the points at or above it are at most E_L - 2 sqrt(E_L), E_L the
+    points expected among the list's 2 BUF tokens (more tokens than the list holds: ~1 row in
+    60). Either miss costs time only: `collect` counts exactly, and the select goes on from what
+    the list holds (`cut_select.select_begin`). At V = 151936 in bfloat16 (2048 points, a list
+    of 4096) that is k up to ~1700. Keys are compared above the bits a 16-bit logit leaves zero
+    (`cut_select`'s KEY_SHIFT): 16 lifting steps in bfloat16, 32 in float32."""
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    DT: tl.constexpr = row_ptr.dtype.element_ty
+    SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0
+    runs = tl.minimum(vocab // (4 * VEC), SAMPLE_RUNS)
+    stride = vocab // tl.maximum(runs, 1)
+    r = tl.arange(0, SAMPLE_RUNS)
+    offs = (r * stride)[:, None] + tl.arange(0, VEC)[None, :]
+    x = sanitize(tl.load(row_ptr + offs, mask=(r < runs)[:, None], other=float("-inf")))
+    keys = tl.reshape(tl.where(x > float("-inf"), unsigned_key(x) >> SHIFT, -1), (SAMPLE_RUNS * VEC,))
+    n = (runs * VEC).to(tl.float32)
+    expect = top_k.to(tl.float32) * n / vocab
+    lo = tl.ceil(expect + 3.0 * tl.sqrt(expect) + 2.0).to(tl.int32)
+    listed = (2 * BUF) * n / vocab
+    hi = (listed - 2.0 * tl.sqrt(listed)).to(tl.int32)
+    key = tl.zeros((), dtype=tl.int64)
+    for b in tl.static_range(32 - SHIFT):  # the largest key with at least lo points at or above it
+        cand = key + (1 << (31 - SHIFT - b))
+        key = tl.where(tl.sum((keys >= cand).to(tl.int32), 0) >= lo, cand, key)
+    points = tl.sum((keys >= key).to(tl.int32), 0)
+    return tl.where((runs > 0) & (lo <= hi) & (points >= lo) & (points <= hi), key << SHIFT, -1)
+
+
+@triton.jit
+def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, walk, BLOCK: tl.constexpr, BUF: tl.constexpr):
     """Append every finite token with unsigned key >= theta to the candidate list at buf_ptr
     (packed: `sampling_rule.pack`, 2 * BUF entries at most); returns their number (more than
     2 * BUF: only that many stored). Only the lanes whose maximum reaches theta
@@ -118,7 +154,9 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     set the time of a top-p row collected at a low bound, which walks its whole row this
     way (software pipelining of the loop ran slower; 2 pairs per thread took 252 registers on
     sm_90). A row where half the lanes or more reach theta gets no list (-1): the walk of its
-    pairs would take as many iterations as one of the whole row (`cut_select` decides it)."""
+    pairs would take as many iterations as one of the whole row (`cut_select` decides it);
+    with `walk` (a `sample_bound` row) it walks them: a row that the list then holds needs no
+    pass of the select."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -132,7 +170,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
     PAIRS: tl.constexpr = LANES if LANES < COLLECT_PAIRS else COLLECT_PAIRS  # (lane, step) pairs per iteration
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
-    whole = 2 * n_hot >= LANES  # most lanes: as many iterations as a walk of the whole row
+    whole = (2 * n_hot >= LANES) & ~walk  # most lanes: as many iterations as a walk of the whole row
     pairs = tl.where(whole, 0, n_hot * tl.cdiv(vocab, BLOCK))
     per_step = tl.maximum(n_hot, 1)
     for base in range(0, pairs, PAIRS):
@@ -177,7 +215,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     tl.debug_barrier()  # stored by other threads
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      buf_ptr, stats_ptr, BLOCK, BUF)
+                      buf_ptr, stats_ptr, BLOCK, BUF, False)
 
 
 @triton.jit
@@ -230,17 +268,28 @@ def load_lanes(buf_ptr, stats_ptr, LANES: tl.constexpr):
 
 @triton.jit
 def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      buf_ptr, stats_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
+                      buf_ptr, stats_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, SAMPLED: tl.constexpr):
     """The bound (`threshold`) and the candidates (`collect`) of a filtered row from its pass
     (`filtered_lanes`, BLOCK its step); stores (count or -1 without a bound, x_max, arg,
     finite, mass) at stats_ptr for `filtered_token`. A top-p row whose first candidates
-    fall short of the target is collected again at the second, lower bound."""
+    fall short of the target is collected again at the second, lower bound. SAMPLED: a top-k
+    row whose k exceeds the lanes takes `sample_bound`'s and walks the row for its candidates
+    (`dflash_verify`'s FILTERED launch, many rows side by side; `sample_rows`' few rows would
+    each wait on one program's walk: their select splits its passes over the GPU)."""
+    LANES: tl.constexpr = lane_max.shape[0]
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
+    walk = use_k & (top_k > (LANES if SAMPLED else vocab))  # (top-k is on below V)
+    if walk & (finite > 0):
+        # through scratch: the bound picks the collect's slots (the package docstring's rule)
+        tl.store(stats_ptr + S_BOUND, sample_bound(row_ptr, vocab, top_k, BUF))
+        tl.debug_barrier()  # stored by other threads
+        first = tl.load(stats_ptr + S_BOUND)
+        second = first
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
-        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
+        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, walk, BLOCK, BUF)
         tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`
         retry = (second < theta) & (count >= 0) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:
@@ -270,7 +319,9 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             # top-k and a bound, k lanes hold a finite logit, so the top-k set has exactly k tokens
             # (V stands in for the finite count); for top-p alone V only makes the candidates count
             # as the whole row when they are all V tokens.
-            if (count >= 0) & (count <= SMALL) & (count <= 2 * BUF):  # (BUF < SMALL with test overrides)
+            # (a `sample_bound` may leave fewer than k: then the list holds no cut)
+            if (count >= 0) & (count <= SMALL) & (count <= 2 * BUF) & (~use_k | (count >= top_k)):  # (BUF < SMALL
+                # with test overrides)
                 k = tl.where(use_k, top_k, vocab).to(tl.int64)
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))

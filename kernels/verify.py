@@ -201,7 +201,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
     stats = stats_of(work, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      work, stats, BLOCK, BUF)
+                      work, stats, BLOCK, BUF, True)
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
     token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, BUF, True, False)
     if token == UNDECIDED:  # more than the small decision settles: verify_filtered_kernel

@@ -183,6 +183,68 @@ def test_lists_that_hold_the_cut_are_decided_without_a_pass():
         assert sorted(indices[kept].tolist()) == sorted(order[:int(top_k[r])])
 
 
+def _top_k_rows(g, kinds, modes, vocab, dtype):
+    """dflash_verify inputs: a row of each kind under each mode, one owner a row (its token is
+    always needed)."""
+    x = torch.cat([cases.kind_logits(g, kind, len(modes), vocab, dtype) for kind in kinds])
+    n = x.shape[0]
+    picked = modes * len(kinds)
+    inp = {"logits": x, "tokens": torch.randint(0, vocab, (n,), generator=g), "offsets": torch.arange(n + 1),
+           "start_position": torch.randint(0, 1 << 40, (n,), generator=g),
+           "temperature": torch.tensor([p[0] for p in picked]), "top_k": torch.tensor([p[1] for p in picked]),
+           "top_p": torch.tensor([p[2] for p in picked]), "seed": torch.randint(0, 1 << 62, (n,), generator=g)}
+    return {k: v.to(DEVICE) for k, v in inp.items()}
+
+
+def _unsigned(x):
+    """SPEC.md's order as unsigned keys (`common.unsigned_key`; -0 counts as +0)."""
+    bits = (x.float().cpu() + 0.0).view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_top_k_above_the_lanes_is_listed_from_a_sample_bound(dtype):
+    """dflash_verify's FILTERED launch, a top-k row whose k exceeds its 256 lanes (V = 2000,
+    the default sizes): `filtered.sample_bound` from 496 sample points, then a walk of the row
+    for every token at or above it. Every row kind, top-k alone and with top-p: the list holds
+    the top-k set (at this V a list of 4096 holds even a row of one repeated logit), and the
+    select decides the row from it without a pass over the row; every token the reference's."""
+    g = torch.Generator().manual_seed(83)
+    modes = [(1.0, 300, 1.0), (0.8, 700, 1.0), (1.2, 300, 0.95), (1.0, 1200, 0.9)]
+    inp = _top_k_rows(g, list(cases.ROW_KINDS), modes, 2000, dtype)
+    work = launch.scratch_for(inp["logits"])
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=work))
+    unsigned = _unsigned(inp["logits"])
+    finite = torch.isfinite(inp["logits"].float().cpu())
+    for r in range(unsigned.shape[0]):
+        st = work.stats(r)
+        assert st["bound"] >= 0 and int(inp["top_k"][r]) <= st["count"] <= LIST_DEFAULT, (r, st)
+        assert st["count"] == int(((unsigned[r] >= st["bound"]) & finite[r]).sum()), (r, st)
+        assert st["passes"] == 0, (r, st)
+
+
+def test_a_sample_bound_that_misses_leaves_the_row_to_the_select():
+    """The same launch on a list of 64 (cap 8, block 16: 2 lanes, a sample of 64 points) over
+    600 tokens (a sample of 144 points), top-k 3 to 40: where the points' share of the list is
+    too few for the bound (k 40), or they tie at the bound (a row of one repeated logit), there
+    is no bound and the
+    select's passes decide the row; a bound whose list falls short of k or overflows it leaves
+    the select the region it counted. Every token is the reference's."""
+    g = torch.Generator().manual_seed(84)
+    modes = [(1.0, 3, 1.0), (0.9, 4, 1.0), (1.0, 5, 0.9), (1.0, 40, 1.0)]
+    kinds = list(cases.ROW_KINDS) * 2
+    inp = _top_k_rows(g, kinds, modes, 600, torch.bfloat16)
+    work = launch.scratch_for(inp["logits"], CAP, BLOCK)
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK, scratch=work))
+    stats = [work.stats(r) for r in range(len(kinds) * len(modes))]
+    k = inp["top_k"].cpu().tolist()
+    equal = [r for r in range(len(stats)) if kinds[r // len(modes)] == "equal"]
+    assert all(stats[r]["bound"] < 0 and stats[r]["passes"] >= 1 for r in equal)
+    assert all(st["bound"] < 0 for r, st in enumerate(stats) if k[r] == 40)
+    held = [r for r, st in enumerate(stats) if st["bound"] >= 0 and k[r] <= st["count"] <= LIST]
+    assert len(held) >= len(stats) // 4 and all(stats[r]["passes"] == 0 for r in held), len(held)
+
+
 def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
     """dflash_verify's third launch: the rows the FILTERED launch's small decision left
     (marked FILTERED_ROW) go through the same select; every kind under top-p and top-k +
