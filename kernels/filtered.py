@@ -107,7 +107,7 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
 
 
 @triton.jit
-def sample_bound(row_ptr, vocab, top_k, BUF: tl.constexpr):
+def sample_bound(row_ptr, vocab, top_k, x_max, BUF: tl.constexpr):
     """An unsigned key bound for a top-k row whose k exceeds the lanes (-1: none), from a sample
     of the row: SAMPLE_RUNS runs of VEC consecutive tokens (one 16-byte load each), evenly
     spread, at least 4 runs' length apart. With n points, a token of the top-k set is a point
@@ -117,8 +117,10 @@ def sample_bound(row_ptr, vocab, top_k, BUF: tl.constexpr):
     points expected among the list's 2 BUF tokens (more tokens than the list holds: ~1 row in
     60). Either miss costs time only: `collect` counts exactly, and the select goes on from what
     the list holds (`cut_select.select_begin`). At V = 151936 in bfloat16 (2048 points, a list
-    of 4096) that is k up to ~1700. Keys are compared above the bits a 16-bit logit leaves zero
-    (`cut_select`'s KEY_SHIFT): 16 lifting steps in bfloat16, 32 in float32."""
+    of 4096) that is k up to ~1700. A bound at the row's max is taken however many points tie
+    there (`max_ties_token` decides such a row). Keys are compared above the bits a 16-bit
+    logit leaves constant (`cut_select`'s KEY_SHIFT): 16 lifting steps in bfloat16, 32 in
+    float32; the bound is the lo-th point's own key."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     DT: tl.constexpr = row_ptr.dtype.element_ty
     SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0
@@ -127,7 +129,8 @@ def sample_bound(row_ptr, vocab, top_k, BUF: tl.constexpr):
     r = tl.arange(0, SAMPLE_RUNS)
     offs = (r * stride)[:, None] + tl.arange(0, VEC)[None, :]
     x = sanitize(tl.load(row_ptr + offs, mask=(r < runs)[:, None], other=float("-inf")))
-    keys = tl.reshape(tl.where(x > float("-inf"), unsigned_key(x) >> SHIFT, -1), (SAMPLE_RUNS * VEC,))
+    exact = tl.reshape(tl.where(x > float("-inf"), unsigned_key(x), -1), (SAMPLE_RUNS * VEC,))
+    keys = exact >> SHIFT  # (-1 stays -1)
     n = (runs * VEC).to(tl.float32)
     expect = top_k.to(tl.float32) * n / vocab
     lo = tl.ceil(expect + 3.0 * tl.sqrt(expect) + 2.0).to(tl.int32)
@@ -138,7 +141,41 @@ def sample_bound(row_ptr, vocab, top_k, BUF: tl.constexpr):
         cand = key + (1 << (31 - SHIFT - b))
         key = tl.where(tl.sum((keys >= cand).to(tl.int32), 0) >= lo, cand, key)
     points = tl.sum((keys >= key).to(tl.int32), 0)
-    return tl.where((runs > 0) & (lo <= hi) & (points >= lo) & (points <= hi), key << SHIFT, -1)
+    bound = tl.min(tl.where(keys == key, exact, INT64_MAX), 0)
+    fits = (lo <= hi) & (points <= hi)
+    return tl.where((runs > 0) & (points >= lo) & (fits | (bound == unsigned_key(sanitize(x_max)))), bound, -1)
+
+
+@triton.jit
+def max_ties_token(row_ptr, vocab, x_max, top_k, top_p, u, BLOCK: tl.constexpr):
+    """The token of a top-k row whose bound is its max key, so that (`threshold`: k lanes hold
+    it) at least k tokens hold the max: the top-k set is the k lowest indices holding it
+    (SPEC.md step 3), each of weight exp(0) = 1. top-p keeps its first m = ceil(p k) (rank r
+    stays iff C(r-1) = r < p k, rank 0 always), and step 7 (t = u m, the prefix of the i-th
+    kept token i + 1) gives the (floor(t) + 1)-th of them: the same float64 products as the
+    reference's. One walk in index order, BLOCK tokens a step, until the k-th token holding the
+    max; UNDECIDED where the row ends first (a `sample_bound`'s, which promises no count).
+    A row of one repeated logit takes one step where the select took its index splits."""
+    k = top_k.to(tl.int32)  # (k < V <= 2^30: int32 counts and indices)
+    kept = tl.where(top_p < 1.0, tl.ceil(top_p.to(tl.float64) * k.to(tl.float64)).to(tl.int32), k)
+    m = tl.minimum(tl.maximum(kept, 1), k)
+    j = (u.to(tl.float64) * m.to(tl.float64)).to(tl.int32)  # (t < m: u < 1; truncation is floor, t >= 0)
+    key_max = ordered_key(sanitize(x_max))
+    i = tl.arange(0, BLOCK)
+    seen = tl.zeros((), dtype=tl.int32)
+    token = tl.zeros((), dtype=tl.int32) + UNDECIDED
+    start = tl.zeros((), dtype=tl.int32)
+    while (start < vocab) & (seen < k):
+        offs = start + i
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+        hit = (x > float("-inf")) & (ordered_key(x) == key_max)
+        c = tl.sum(hit.to(tl.int32), 0)
+        if (seen <= j) & (seen + c > j):  # (uniform over the program)
+            ranks = seen + tl.cumsum(hit.to(tl.int32), 0)
+            token = tl.min(tl.where(hit & (ranks == j + 1), offs, vocab), 0)
+        seen += c
+        start += BLOCK
+    return tl.where(seen >= k, token, UNDECIDED).to(tl.int64)
 
 
 @triton.jit
@@ -282,12 +319,15 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     walk = use_k & (top_k > (LANES if SAMPLED else vocab))  # (top-k is on below V)
     if walk & (finite > 0):
         # through scratch: the bound picks the collect's slots (the package docstring's rule)
-        tl.store(stats_ptr + S_BOUND, sample_bound(row_ptr, vocab, top_k, BUF))
+        tl.store(stats_ptr + S_BOUND, sample_bound(row_ptr, vocab, top_k, x_max, BUF))
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)
         second = first
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
+    tl.store(stats_ptr + S_BOUND, theta)
+    # (a walked row's bound at its max: `max_ties_token` walks it in index order instead)
+    theta = tl.where(walk & (theta == unsigned_key(sanitize(x_max))), -1, theta)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, walk, BLOCK, BUF)
         tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`
@@ -302,8 +342,9 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
 def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                    BUF: tl.constexpr, SMALL_DECISION: tl.constexpr, SELECT: tl.constexpr):
     """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results:
-    SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread). A row
-    that decision does not settle is UNDECIDED; with SELECT it enters the sample select
+    SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread); a top-k
+    row whose bound is its max and whose candidates are no list, from the tokens tied at the
+    max (`max_ties_token`). A row these do not settle is UNDECIDED; with SELECT it enters the sample select
     (`cut_select.select_begin`: the caller's `select_rounds` and later launches decide it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
     tl.debug_barrier()  # (the stats were stored by other threads of this program)
@@ -325,6 +366,10 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 k = tl.where(use_k, top_k, vocab).to(tl.int64)
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))
+        # a top-k bound at the max with no list that holds the cut: k tokens or more tie at the max
+        at_max = use_k & (tl.load(stats_ptr + S_BOUND) == unsigned_key(sanitize(x_max)))
+        if (token == UNDECIDED) & at_max & ((count < 0) | (count > 2 * BUF)):
+            token = max_ties_token(row_ptr, vocab, x_max, top_k, top_p, u, BLOCK)
         if SELECT:
             if token == UNDECIDED:  # the sample select: its first rounds follow in this program (`select_rounds`)
                 select_begin(vocab, top_k, top_p, mass, count, tl.load(stats_ptr + S_BOUND), stats_ptr, BUF)

@@ -20,7 +20,7 @@ from kernel_parity import check_samples, check_verify
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
 from dflash_et.export import cases, heads
-from dflash_et.kernels import cut_select, launch, scratch
+from dflash_et.kernels import cut_select, filtered, launch, scratch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
 from dflash_et.kernels.common import weight_scale
@@ -30,6 +30,7 @@ SAMPLE_KEYS = cases.SAMPLE_INPUTS
 VERIFY_KEYS = cases.VERIFY_INPUTS
 CAP, BLOCK, LIST = 8, 16, 64  # BUF = 32: the list holds 2 * BUF
 LIST_DEFAULT = 4096  # the list at the default cap and block (BUF = 2048)
+NEVER = -7  # scratch filled with it: a row the select never took keeps it as its region's bottom ("bot")
 FILTERED_MODES = {"top-p 0.9": (1.0, 0, 0.9), "top-p 0.99": (0.8, 0, 0.99), "top-p 0.5": (1.3, 0, 0.5),
                   "top-k 2": (1.0, 2, 1.0), "top-k 50": (1.0, 50, 1.0), "top-k 300": (0.7, 300, 1.0),
                   "top-k 40 + top-p 0.9": (1.0, 40, 0.9), "top-k 300 + top-p 0.95": (1.0, 300, 0.95)}
@@ -207,17 +208,22 @@ def test_top_k_above_the_lanes_is_listed_from_a_sample_bound(dtype):
     """dflash_verify's FILTERED launch, a top-k row whose k exceeds its 256 lanes (V = 2000,
     the default sizes): `filtered.sample_bound` from 496 sample points, then a walk of the row
     for every token at or above it. Every row kind, top-k alone and with top-p: the list holds
-    the top-k set (at this V a list of 4096 holds even a row of one repeated logit), and the
-    select decides the row from it without a pass over the row; every token the reference's."""
+    the top-k set, and the select decides the row from it without a pass over the row; a row
+    of one repeated logit (its bound the max) is decided by `max_ties_token` instead, never
+    entering the select. Every token the reference's."""
     g = torch.Generator().manual_seed(83)
     modes = [(1.0, 300, 1.0), (0.8, 700, 1.0), (1.2, 300, 0.95), (1.0, 1200, 0.9)]
     inp = _top_k_rows(g, list(cases.ROW_KINDS), modes, 2000, dtype)
     work = launch.scratch_for(inp["logits"])
+    work.work.fill_(NEVER)
     check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=work))
     unsigned = _unsigned(inp["logits"])
     finite = torch.isfinite(inp["logits"].float().cpu())
     for r in range(unsigned.shape[0]):
         st = work.stats(r)
+        if list(cases.ROW_KINDS)[r // len(modes)] == "equal":
+            assert st["bound"] == int(unsigned[r].max()) and st["count"] < 0 and st["bot"] == NEVER, (r, st)
+            continue
         assert st["bound"] >= 0 and int(inp["top_k"][r]) <= st["count"] <= LIST_DEFAULT, (r, st)
         assert st["count"] == int(((unsigned[r] >= st["bound"]) & finite[r]).sum()), (r, st)
         assert st["passes"] == 0, (r, st)
@@ -226,23 +232,71 @@ def test_top_k_above_the_lanes_is_listed_from_a_sample_bound(dtype):
 def test_a_sample_bound_that_misses_leaves_the_row_to_the_select():
     """The same launch on a list of 64 (cap 8, block 16: 2 lanes, a sample of 64 points) over
     600 tokens (a sample of 144 points), top-k 3 to 40: where the points' share of the list is
-    too few for the bound (k 40), or they tie at the bound (a row of one repeated logit), there
-    is no bound and the
-    select's passes decide the row; a bound whose list falls short of k or overflows it leaves
-    the select the region it counted. Every token is the reference's."""
+    too few for the bound (k 40) there is no bound and the select's passes decide the row; a
+    bound whose list falls short of k or overflows it leaves the select the region it counted;
+    a row of one repeated logit (2 lanes: its bound the max) is decided without the select.
+    Every token is the reference's."""
     g = torch.Generator().manual_seed(84)
     modes = [(1.0, 3, 1.0), (0.9, 4, 1.0), (1.0, 5, 0.9), (1.0, 40, 1.0)]
     kinds = list(cases.ROW_KINDS) * 2
     inp = _top_k_rows(g, kinds, modes, 600, torch.bfloat16)
     work = launch.scratch_for(inp["logits"], CAP, BLOCK)
+    work.work.fill_(NEVER)
     check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK, scratch=work))
     stats = [work.stats(r) for r in range(len(kinds) * len(modes))]
     k = inp["top_k"].cpu().tolist()
     equal = [r for r in range(len(stats)) if kinds[r // len(modes)] == "equal"]
-    assert all(stats[r]["bound"] < 0 and stats[r]["passes"] >= 1 for r in equal)
-    assert all(st["bound"] < 0 for r, st in enumerate(stats) if k[r] == 40)
+    assert all(stats[r]["bot"] == NEVER for r in equal)
+    unbound = [r for r, st in enumerate(stats) if st["bound"] < 0]
+    assert unbound and all(stats[r]["passes"] >= 1 for r in unbound)
+    assert all(st["bound"] < 0 for r, st in enumerate(stats) if k[r] == 40 and r not in equal)
     held = [r for r, st in enumerate(stats) if st["bound"] >= 0 and k[r] <= st["count"] <= LIST]
     assert len(held) >= len(stats) // 4 and all(stats[r]["passes"] == 0 for r in held), len(held)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_tied_at_the_max_are_decided_by_one_walk(dtype):
+    """A top-k row whose bound is its max (k lanes, or the sample's lo-th point, hold it) and
+    whose tokens at the max are too many for a list: `filtered.max_ties_token` takes the k
+    lowest indices holding the max, top-p's first ceil(p k) of them and step 7's pick among them
+    in one walk, and the row never enters the select. Rows of one repeated logit; rows whose max
+    a third of the tokens hold, scattered (k 1000: the sample's bound falls below the max, the
+    select decides from its list); rows where exactly k tokens hold it, in k lanes or at every
+    sample point. Top-k 50 / 200 (the lanes' bound) and 1000 (the sample's), with and without
+    top-p; dflash_verify, and sample_rows (512 lanes: k 1000 has no bound there, so the select;
+    fewer hot lanes than half: a list). V = 3000, the default sizes."""
+    g = torch.Generator().manual_seed(91)
+    vocab, vec = 3000, 128 // torch.finfo(dtype).bits  # (a lane: 16 bytes)
+    x = torch.randn(12, vocab, generator=g) - 3.0
+    x[0:4] = 1.5  # one repeated logit
+    for r in range(4, 8):  # a third of the tokens at the max
+        x[r, torch.randperm(vocab, generator=g)[:1000]] = 2.0
+    lanes = torch.arange(0, vocab, vec)
+    for r, k in ((8, 50), (9, 200), (11, 50)):  # exactly k, one in each of k lanes of the first step
+        x[r, lanes[:k]] = 2.0
+    runs = min(vocab // (4 * vec), filtered.SAMPLE_RUNS.value)  # `sample_bound`'s points, then more: 1000
+    points = ((torch.arange(runs) * (vocab // runs))[:, None] + torch.arange(vec)[None, :]).flatten()
+    rest = torch.tensor([i for i in torch.randperm(vocab, generator=g).tolist() if i not in set(points.tolist())])
+    x[10, torch.cat([points, rest[:1000 - points.numel()]])] = 2.0
+    modes = [(1.0, 50, 1.0), (0.7, 200, 0.9), (1.3, 1000, 1.0), (1.0, 200, 0.3)] * 2 + [
+        (1.0, 50, 0.9), (0.8, 200, 1.0), (1.0, 1000, 0.95), (1.0, 50, 0.5)]
+    n = len(modes)
+    params = {"temperature": torch.tensor([m[0] for m in modes]), "top_k": torch.tensor([m[1] for m in modes]),
+              "top_p": torch.tensor([m[2] for m in modes]), "seed": torch.randint(0, 1 << 62, (n,), generator=g)}
+    logits = x.to(dtype)
+    inp = {"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g), "offsets": torch.arange(n + 1),
+           "start_position": torch.randint(0, 1 << 40, (n,), generator=g), **params}
+    inp = {k: v.to(DEVICE) for k, v in inp.items()}
+    work = launch.scratch_for(inp["logits"])
+    work.work.fill_(NEVER)
+    check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], scratch=work))
+    assert [r for r in range(n) if work.stats(r)["bot"] != NEVER] == [6]
+    sampled = {"logits": logits, "position": torch.randint(0, 1 << 40, (n,), generator=g), **params}
+    sampled = {k: v.to(DEVICE) for k, v in sampled.items()}
+    work = launch.scratch_for(sampled["logits"])
+    work.work.fill_(NEVER)
+    check_samples(sampled, sample_rows_kernel.launch(*[sampled[k] for k in SAMPLE_KEYS], scratch=work))
+    assert [r for r in range(n) if work.stats(r)["bot"] != NEVER] == [2, 6, 10]
 
 
 def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
