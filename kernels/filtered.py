@@ -10,6 +10,11 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
 
 - top-k (k <= lanes): the k-th largest lane maximum theta. k lanes hold a token with
   key >= theta, so the k-th best key is >= theta and every top-k token has key >= theta.
+  k above the lanes, in `dflash_verify` (`sample_bound`): a sample point's key, low enough
+  that the k tokens are above it nearly always and high enough that the list holds what is;
+  the walk for its candidates (below) counts exactly, so a miss costs time only.
+  A bound at the row's max (k or more tokens tie there, e.g. a row of one repeated logit)
+  with no list: the k lowest indices holding it are the top-k set (`max_ties_token`).
 - top-p alone: the tokens with key >= theta are a prefix of SPEC.md's order; once its
   mass reaches top_p * S, every later token has C(r-1) >= top_p * S and the nucleus lies
   inside. The largest lane maximum whose lane maxima's weights reach the target (1e-5
@@ -39,8 +44,9 @@ time in one program, which the whole FILTERED launch of `dflash_verify` would wa
 
 `filtered_token` is one dispatch: the small decision (`sampling_rule.decide_filtered`, up to
 SMALL candidates sorted in registers, in the launch that collected them) where it settles the
-row, else the sample select (`cut_select`: the candidates, if the list holds them, are its
-first round), a bounded number of passes whatever the row holds.
+row; a top-k row tied at its max, one walk (`max_ties_token`); else the sample select
+(`cut_select`: the candidates, if the list holds them, are its first round), a bounded number
+of passes whatever the row holds.
 """
 
 import triton

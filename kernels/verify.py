@@ -24,11 +24,13 @@ Algorithm, four steps (no host synchronisation between their launches):
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: a moot row
    is marked MOOT_ROW and left; the others' bound and candidates from the stored lanes
-   (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate), decided
-   there when <= 256 candidates settle them (one sort entry per thread), else queued for
-   the select. The pass itself stays in launch 1, at that launch's
-   occupancy: the FILTERED instance needs more registers, and the pass there ran slower
-   (benchmarks/HISTORY.md, sessions 13-22's tables).
+   (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate; a top-k row
+   whose k exceeds the lanes, a bound from a sample of the row and the whole row walked),
+   decided there when <= 256 candidates settle them (one sort entry per thread) or when k
+   tokens tie at the max (`filtered.max_ties_token`), else queued for the select (which a
+   list that holds the cut settles without a pass). The row's first pass stays in launch 1,
+   at that launch's occupancy: the FILTERED instance needs more registers, and the pass there
+   ran slower (benchmarks/HISTORY.md, sessions 13-22's tables).
 3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
    select each (`cut_select.py`: begin, pass, rounds, search): the decision of each top-k /
    top-p row launch 2 left undecided, from its candidates, then passes over the row (a
