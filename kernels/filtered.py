@@ -60,6 +60,7 @@ from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_
                       load_f32, load_f64, store_stats)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (more: `cut_select`)
+WALK_STAGES = tl.constexpr(2)  # `walk`'s steps in flight
 SAMPLE_RUNS = tl.constexpr(256)  # `sample_bound`: runs of one 16-byte load (a thread each at 8 warps) in the sample
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest lane maximum
@@ -185,7 +186,7 @@ def max_ties_token(row_ptr, vocab, x_max, top_k, top_p, u, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, walk, BLOCK: tl.constexpr, BUF: tl.constexpr):
+def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
     """Append every finite token with unsigned key >= theta to the candidate list at buf_ptr
     (packed: `sampling_rule.pack`, 2 * BUF entries at most); returns their number (more than
     2 * BUF: only that many stored). Only the lanes whose maximum reaches theta
@@ -197,9 +198,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, walk, BLOCK: tl
     set the time of a top-p row collected at a low bound, which walks its whole row this
     way (software pipelining of the loop ran slower; 2 pairs per thread took 252 registers on
     sm_90). A row where half the lanes or more reach theta gets no list (-1): the walk of its
-    pairs would take as many iterations as one of the whole row (`cut_select` decides it);
-    with `walk` (a `sample_bound` row) it walks them: a row that the list then holds needs no
-    pass of the select."""
+    pairs would take as many iterations as one of the whole row (`cut_select` decides it)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     tl.static_assert(LANES <= 2 * HOT_WORDS)
@@ -213,7 +212,7 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, walk, BLOCK: tl
     tl.debug_barrier()  # the list is stored and the counter zero before any thread reads or appends
     PAIRS: tl.constexpr = LANES if LANES < COLLECT_PAIRS else COLLECT_PAIRS  # (lane, step) pairs per iteration
     counter = count_ptr.to(tl.pointer_type(tl.int32)) + tl.zeros((PAIRS, VEC), dtype=tl.int32)
-    whole = (2 * n_hot >= LANES) & ~walk  # most lanes: as many iterations as a walk of the whole row
+    whole = 2 * n_hot >= LANES  # most lanes: as many iterations as a walk of the whole row
     pairs = tl.where(whole, 0, n_hot * tl.cdiv(vocab, BLOCK))
     per_step = tl.maximum(n_hot, 1)
     for base in range(0, pairs, PAIRS):
@@ -232,6 +231,32 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, walk, BLOCK: tl
     tl.debug_barrier()  # every append is done
     count = tl.atomic_add(count_ptr.to(tl.pointer_type(tl.int32)), 0).to(tl.int64)
     return tl.where(whole, -1, count)
+
+
+@triton.jit
+def walk(row_ptr, vocab, theta, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """`collect` for a row whose every lane can hold a candidate (a `sample_bound`'s: about 2000
+    of 151936 tokens, every lane of 593 holding some): the whole row BLOCK tokens a step, in
+    index order, each step's candidates stored at the slots a block-wide scan gives them
+    after the steps before (the list in index order; no atomic a candidate, whose wait held
+    up the next step's load, and the loads software-pipelined). Returns the candidates' number
+    (more than 2 * BUF: only that many stored)."""
+    i = tl.arange(0, BLOCK)
+    bound = (theta - KEY_OFFSET).to(tl.int32)
+    words = buf_ptr.to(tl.pointer_type(tl.int32))
+    count = tl.zeros((), dtype=tl.int32)
+    for start in tl.range(0, vocab, BLOCK, num_stages=WALK_STAGES):
+        offs = start + i
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
+        key = ordered_key(x)
+        take = (x > float("-inf")) & (key >= bound)
+        slot = count + tl.cumsum(take.to(tl.int32), 0) - 1
+        # packed as `sampling_rule.pack`: its two 32-bit halves apiece (as `collect`'s)
+        tl.store(words + 2 * slot, ~offs, mask=take & (slot < 2 * BUF))
+        tl.store(words + 2 * slot + 1, key, mask=take & (slot < 2 * BUF))
+        count += tl.sum(take.to(tl.int32), 0)
+    tl.debug_barrier()  # every store is done
+    return count.to(tl.int64)
 
 
 @triton.jit
@@ -322,8 +347,8 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     LANES: tl.constexpr = lane_max.shape[0]
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
-    walk = use_k & (top_k > (LANES if SAMPLED else vocab))  # (top-k is on below V)
-    if walk & (finite > 0):
+    walked = use_k & (top_k > (LANES if SAMPLED else vocab))  # (top-k is on below V)
+    if walked & (finite > 0):
         # through scratch: the bound picks the collect's slots (the package docstring's rule)
         tl.store(stats_ptr + S_BOUND, sample_bound(row_ptr, vocab, top_k, x_max, BUF))
         tl.debug_barrier()  # stored by other threads
@@ -333,9 +358,12 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     tl.store(stats_ptr + S_BOUND, theta)
     # (a walked row's bound at its max: `max_ties_token` walks it in index order instead)
-    theta = tl.where(walk & (theta == unsigned_key(sanitize(x_max))), -1, theta)
+    theta = tl.where(walked & (theta == unsigned_key(sanitize(x_max))), -1, theta)
+    if walked & (theta >= 0):
+        count = walk(row_ptr, vocab, theta, buf_ptr, BLOCK, BUF)
+        theta = theta * 0 - 1
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
-        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, walk, BLOCK, BUF)
+        count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
         tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`
         retry = (second < theta) & (count >= 0) & (count <= 2 * BUF)  # top-p only (an overflow would only grow)
         if retry:

@@ -227,6 +227,8 @@ def test_top_k_above_the_lanes_is_listed_from_a_sample_bound(dtype):
         assert st["bound"] >= 0 and int(inp["top_k"][r]) <= st["count"] <= LIST_DEFAULT, (r, st)
         assert st["count"] == int(((unsigned[r] >= st["bound"]) & finite[r]).sum()), (r, st)
         assert st["passes"] == 0, (r, st)
+        indices, keys = work.packed_list(r, st["count"])  # (`filtered.walk`: in index order)
+        assert torch.equal(indices, torch.sort(indices).values) and torch.equal(keys, unsigned[r, indices])
 
 
 def test_a_sample_bound_that_misses_leaves_the_row_to_the_select():
