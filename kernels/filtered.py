@@ -10,11 +10,10 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
 
 - top-k (k <= lanes): the k-th largest lane maximum theta. k lanes hold a token with
   key >= theta, so the k-th best key is >= theta and every top-k token has key >= theta.
-  k above the lanes, in `dflash_verify` (`sample_bound`): a sample point's key, low enough
-  that the k tokens are above it nearly always and high enough that the list holds what is;
-  the walk for its candidates (below) counts exactly, so a miss costs time only.
   A bound at the row's max (k or more tokens tie there, e.g. a row of one repeated logit)
-  with no list: the k lowest indices holding it are the top-k set (`max_ties_token`).
+  with no list: the k lowest indices holding it are the top-k set (`max_ties_token`). For
+  k above the lanes, a sample of the row tells such a row (`sample_ties_at_max`); no other
+  bound (the select decides the row).
 - top-p alone: the tokens with key >= theta are a prefix of SPEC.md's order; once its
   mass reaches top_p * S, every later token has C(r-1) >= top_p * S and the nucleus lies
   inside. The largest lane maximum whose lane maxima's weights reach the target (1e-5
@@ -60,8 +59,7 @@ from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_
                       load_f32, load_f64, store_stats)
 
 SMALL = tl.constexpr(256)  # candidates sorted by the small decision (more: `cut_select`)
-WALK_STAGES = tl.constexpr(2)  # `walk`'s steps in flight
-SAMPLE_RUNS = tl.constexpr(256)  # `sample_bound`: runs of one 16-byte load (a thread each at 8 warps) in the sample
+SAMPLE_RUNS = tl.constexpr(256)  # `sample_ties_at_max`: runs of one 16-byte load (a thread each at 8 warps)
 MARGIN = tl.constexpr(1.00001)  # top-p bounds: aim this much above the target (rounding)
 P_RANK = tl.constexpr(15)  # top-p: collect at least down to the 16th largest lane maximum
 LANE_SHIFT = tl.constexpr(11)  # lane ranks packed under the lane keys in `threshold`'s sort (lanes <= 2048)
@@ -114,43 +112,24 @@ def threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k
 
 
 @triton.jit
-def sample_bound(row_ptr, vocab, top_k, x_max, BUF: tl.constexpr):
-    """An unsigned key bound for a top-k row whose k exceeds the lanes (-1: none), from a sample
-    of the row: SAMPLE_RUNS runs of VEC consecutive tokens (one 16-byte load each), evenly
-    spread, at least 4 runs' length apart. With n points, a token of the top-k set is a point
-    with probability n / V, so about E = k n / V points are in it; the bound is the key of the
-    lo-th largest point, lo = E + 3 sqrt(E) + 2 (fewer than k tokens at or above it: about 1 row
-    in 2000), taken only where the points at or above it are at most E_L - 2 sqrt(E_L), E_L the
-    points expected among the list's 2 BUF tokens (more tokens than the list holds: ~1 row in
-    60). Either miss costs time only: `collect` counts exactly, and the select goes on from what
-    the list holds (`cut_select.select_begin`). At V = 151936 in bfloat16 (2048 points, a list
-    of 4096) that is k up to ~1700. A bound at the row's max is taken however many points tie
-    there (`max_ties_token` decides such a row). Keys are compared above the bits a 16-bit
-    logit leaves constant (`cut_select`'s KEY_SHIFT): 16 lifting steps in bfloat16, 32 in
-    float32; the bound is the lo-th point's own key."""
+def sample_ties_at_max(row_ptr, vocab, top_k, x_max):
+    """For a top-k row whose k exceeds the lanes (no lane bound): the unsigned key of its max
+    where a sample of the row says k tokens or more likely tie there, else -1. The sample:
+    SAMPLE_RUNS runs of VEC consecutive tokens (one 16-byte load each), evenly spread, at least
+    4 runs' length apart; with n points, about E = k n / V of them fall among k tokens, and it
+    takes lo = E + 3 sqrt(E) + 2 points at the max. A false alarm costs a walk only:
+    `max_ties_token` counts the tokens at the max, and the select decides a row with fewer."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    DT: tl.constexpr = row_ptr.dtype.element_ty
-    SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0
     runs = tl.minimum(vocab // (4 * VEC), SAMPLE_RUNS)
     stride = vocab // tl.maximum(runs, 1)
     r = tl.arange(0, SAMPLE_RUNS)
     offs = (r * stride)[:, None] + tl.arange(0, VEC)[None, :]
     x = sanitize(tl.load(row_ptr + offs, mask=(r < runs)[:, None], other=float("-inf")))
-    exact = tl.reshape(tl.where(x > float("-inf"), unsigned_key(x), -1), (SAMPLE_RUNS * VEC,))
-    keys = exact >> SHIFT  # (-1 stays -1)
-    n = (runs * VEC).to(tl.float32)
-    expect = top_k.to(tl.float32) * n / vocab
+    top = sanitize(x_max)
+    at_max = tl.sum(tl.sum(((x > float("-inf")) & (ordered_key(x) == ordered_key(top))).to(tl.int32), 1), 0)
+    expect = top_k.to(tl.float32) * (runs * VEC).to(tl.float32) / vocab
     lo = tl.ceil(expect + 3.0 * tl.sqrt(expect) + 2.0).to(tl.int32)
-    listed = (2 * BUF) * n / vocab
-    hi = (listed - 2.0 * tl.sqrt(listed)).to(tl.int32)
-    key = tl.zeros((), dtype=tl.int64)
-    for b in tl.static_range(32 - SHIFT):  # the largest key with at least lo points at or above it
-        cand = key + (1 << (31 - SHIFT - b))
-        key = tl.where(tl.sum((keys >= cand).to(tl.int32), 0) >= lo, cand, key)
-    points = tl.sum((keys >= key).to(tl.int32), 0)
-    bound = tl.min(tl.where(keys == key, exact, INT64_MAX), 0)
-    fits = (lo <= hi) & (points <= hi)
-    return tl.where((runs > 0) & (points >= lo) & (fits | (bound == unsigned_key(sanitize(x_max)))), bound, -1)
+    return tl.where((runs > 0) & (at_max >= lo), unsigned_key(top), -1)
 
 
 @triton.jit
@@ -161,7 +140,7 @@ def max_ties_token(row_ptr, vocab, x_max, top_k, top_p, u, BLOCK: tl.constexpr):
     stays iff C(r-1) = r < p k, rank 0 always), and step 7 (t = u m, the prefix of the i-th
     kept token i + 1) gives the (floor(t) + 1)-th of them: the same float64 products as the
     reference's. One walk in index order, BLOCK tokens a step, until the k-th token holding the
-    max; UNDECIDED where the row ends first (a `sample_bound`'s, which promises no count).
+    max; UNDECIDED where the row ends first (a `sample_ties_at_max` bound promises no count).
     A row of one repeated logit takes one step where the select took its index splits."""
     k = top_k.to(tl.int32)  # (k < V <= 2^30: int32 counts and indices)
     kept = tl.where(top_p < 1.0, tl.ceil(top_p.to(tl.float64) * k.to(tl.float64)).to(tl.int32), k)
@@ -234,32 +213,6 @@ def collect(row_ptr, vocab, theta, lane_max, buf_ptr, count_ptr, BLOCK: tl.const
 
 
 @triton.jit
-def walk(row_ptr, vocab, theta, buf_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
-    """`collect` for a row whose every lane can hold a candidate (a `sample_bound`'s: about 2000
-    of 151936 tokens, every lane of 593 holding some): the whole row BLOCK tokens a step, in
-    index order, each step's candidates stored at the slots a block-wide scan gives them
-    after the steps before (the list in index order; no atomic a candidate, whose wait held
-    up the next step's load, and the loads software-pipelined). Returns the candidates' number
-    (more than 2 * BUF: only that many stored)."""
-    i = tl.arange(0, BLOCK)
-    bound = (theta - KEY_OFFSET).to(tl.int32)
-    words = buf_ptr.to(tl.pointer_type(tl.int32))
-    count = tl.zeros((), dtype=tl.int32)
-    for start in tl.range(0, vocab, BLOCK, num_stages=WALK_STAGES):
-        offs = start + i
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")))
-        key = ordered_key(x)
-        take = (x > float("-inf")) & (key >= bound)
-        slot = count + tl.cumsum(take.to(tl.int32), 0) - 1
-        # packed as `sampling_rule.pack`: its two 32-bit halves apiece (as `collect`'s)
-        tl.store(words + 2 * slot, ~offs, mask=take & (slot < 2 * BUF))
-        tl.store(words + 2 * slot + 1, key, mask=take & (slot < 2 * BUF))
-        count += tl.sum(take.to(tl.int32), 0)
-    tl.debug_barrier()  # every store is done
-    return count.to(tl.int64)
-
-
-@triton.jit
 def _candidate_mass(buf_ptr, count, x_max, temperature):
     """The mass of `count` (<= 2 * BUF) collected candidates."""
     scale = weight_scale(temperature)
@@ -283,7 +236,7 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
     tl.debug_barrier()  # stored by other threads
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      buf_ptr, stats_ptr, BLOCK, BUF, False)
+                      buf_ptr, stats_ptr, BLOCK, BUF)
 
 
 @triton.jit
@@ -336,32 +289,27 @@ def load_lanes(buf_ptr, stats_ptr, LANES: tl.constexpr):
 
 @triton.jit
 def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      buf_ptr, stats_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr, SAMPLED: tl.constexpr):
+                      buf_ptr, stats_ptr, BLOCK: tl.constexpr, BUF: tl.constexpr):
     """The bound (`threshold`) and the candidates (`collect`) of a filtered row from its pass
     (`filtered_lanes`, BLOCK its step); stores (count or -1 without a bound, x_max, arg,
     finite, mass) at stats_ptr for `filtered_token`. A top-p row whose first candidates
-    fall short of the target is collected again at the second, lower bound. SAMPLED: a top-k
-    row whose k exceeds the lanes takes `sample_bound`'s and walks the row for its candidates
-    (`dflash_verify`'s FILTERED launch, many rows side by side; `sample_rows`' few rows would
-    each wait on one program's walk: their select splits its passes over the GPU)."""
+    fall short of the target is collected again at the second, lower bound. A top-k row whose
+    k exceeds the lanes has no list: its bound is its max where a sample says k tokens tie
+    there (`sample_ties_at_max`; `max_ties_token` decides it), else none (the select)."""
     LANES: tl.constexpr = lane_max.shape[0]
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
-    walked = use_k & (top_k > (LANES if SAMPLED else vocab))  # (top-k is on below V)
-    if walked & (finite > 0):
-        # through scratch: the bound picks the collect's slots (the package docstring's rule)
-        tl.store(stats_ptr + S_BOUND, sample_bound(row_ptr, vocab, top_k, x_max, BUF))
+    above_lanes = use_k & (top_k > LANES)
+    if above_lanes & (finite > 0):
+        # through scratch: a bound picks the collect's slots (the package docstring's rule)
+        tl.store(stats_ptr + S_BOUND, sample_ties_at_max(row_ptr, vocab, top_k, x_max))
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)
         second = first
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     tl.store(stats_ptr + S_BOUND, theta)
-    # (a walked row's bound at its max: `max_ties_token` walks it in index order instead)
-    theta = tl.where(walked & (theta == unsigned_key(sanitize(x_max))), -1, theta)
-    if walked & (theta >= 0):
-        count = walk(row_ptr, vocab, theta, buf_ptr, BLOCK, BUF)
-        theta = theta * 0 - 1
+    theta = tl.where(above_lanes, -1, theta)  # (a bound at the max from the sample: no list)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
         tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`
@@ -394,9 +342,7 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
             # top-k and a bound, k lanes hold a finite logit, so the top-k set has exactly k tokens
             # (V stands in for the finite count); for top-p alone V only makes the candidates count
             # as the whole row when they are all V tokens.
-            # (a `sample_bound` may leave fewer than k: then the list holds no cut)
-            if (count >= 0) & (count <= SMALL) & (count <= 2 * BUF) & (~use_k | (count >= top_k)):  # (BUF < SMALL
-                # with test overrides)
+            if (count >= 0) & (count <= SMALL) & (count <= 2 * BUF):  # (BUF < SMALL with test overrides)
                 k = tl.where(use_k, top_k, vocab).to(tl.int64)
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))
