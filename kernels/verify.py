@@ -24,11 +24,9 @@ Algorithm, four steps (no host synchronisation between their launches):
 2. `verify_rows_kernel` again, FILTERED instance (not for the greedy op;
    `launch.filtered_rows_config`: the same step, 8 warps), on the marked rows: a moot row
    is marked MOOT_ROW and left; the others' bound and candidates from the stored lanes
-   (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate; a top-k row
-   whose k exceeds the lanes, a bound from a sample of the row and the whole row walked),
-   decided there when <= 256 candidates settle them (one sort entry per thread) or when k
-   tokens tie at the max (`filtered.max_ties_token`), else queued for the select (which a
-   list that holds the cut settles without a pass). The row's first pass stays in launch 1,
+   (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate), decided
+   there when <= 256 candidates settle them (one sort entry per thread) or when k tokens tie
+   at the max (`filtered.max_ties_token`), else queued for the select. The row's first pass stays in launch 1,
    at that launch's occupancy: the FILTERED instance needs more registers, and the pass there
    ran slower (benchmarks/HISTORY.md, sessions 13-22's tables).
 3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
@@ -153,16 +151,17 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
         row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
         prefixes=light & sampling, PREFIXES=True)
-    # a confident row: rank 0 alone reaches p S (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S), so its
-    # token is the argmax, decided here as a greedy row's, and a miss is told like a certain one
-    confident = ~light & top_p_alone & (finite > 0) & (top_p.to(tl.float64) * mass <= 1.0)
-    if light | confident:
+    if light:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
-                                      tl.load(start_position_ptr) + j + 1, d, sampling & light, x_max, arg, finite,
-                                      mass, below)
+                                      tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
+                                      below)
         store_results(results, token, match, x_max, mass)
-        if confident:
-            tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
+    elif top_p_alone & (finite > 0) & (top_p.to(tl.float64) * mass <= 1.0):
+        # rank 0 alone reaches p S (SPEC.md step 6: rank 1 stays iff C(0) = 1 < p S), so the token is the
+        # argmax, as above: decided here (a confident row), and told like a certain miss when it misses
+        match = (arg == d) & (d >= 0)
+        store_results(results, arg.to(tl.int64), match, x_max, mass)
+        tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
     else:
         store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
         store_pair(results, owner, j, row, draft)
@@ -203,7 +202,7 @@ def _filtered_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_pos
     stats = stats_of(work, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(work, stats, BLOCK // VEC)
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
-                      work, stats, BLOCK, BUF, True)
+                      work, stats, BLOCK, BUF)
     u = uniform(tl.load(seed_ptr), tl.load(start_position_ptr) + j + 1)
     token = filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, work, stats, BLOCK, BUF, True, False)
     if token == UNDECIDED:  # more than the small decision settles: verify_filtered_kernel
