@@ -3,7 +3,7 @@
 Importing this package registers the ops (it needs triton). One module per head:
 `sample_rows`, `verify` (dflash_verify), `verify_argmax`; shared pieces in
 `common` (Philox uniform, keys, owner layout), `sampling_rule` (the per-row rule),
-`filtered` (top-k / top-p rows: lane-max bound, candidates, the small decision),
+`filtered` (top-k / top-p rows: lane-max bound, candidates, the small decision, ties at the max),
 `cut_select` (the rows their candidates do not settle: the sample select, a bounded number of
 passes over the row), `scratch` (each
 row's scratch record: its layout, marks and accessors, and the host's view of it) and `launch`
