@@ -326,8 +326,9 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
     """The token of a filtered row (-1 without a finite logit) from `bound_and_collect`'s results:
     SMALL_DECISION, the decision from <= SMALL candidates (a few registers per thread); a top-k
     row whose bound is its max and whose candidates are no list, from the tokens tied at the
-    max (`max_ties_token`). A row these do not settle is UNDECIDED; with SELECT it enters the sample select
-    (`cut_select.select_begin`: the caller's `select_rounds` and later launches decide it)."""
+    max (`max_ties_token`). A row these do not settle is UNDECIDED; with SELECT it enters the
+    sample select (`cut_select.select_begin`: the caller's `select_rounds` and later launches
+    decide it)."""
     use_k, use_p = filters(top_k, top_p, vocab)
     tl.debug_barrier()  # (the stats were stored by other threads of this program)
     count = tl.load(stats_ptr + S_COUNT)

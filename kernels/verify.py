@@ -26,9 +26,9 @@ Algorithm, four steps (no host synchronisation between their launches):
    is marked MOOT_ROW and left; the others' bound and candidates from the stored lanes
    (`filtered.bound_and_collect`: reads only the lanes that can hold a candidate), decided
    there when <= 256 candidates settle them (one sort entry per thread) or when k tokens tie
-   at the max (`filtered.max_ties_token`), else queued for the select. The row's first pass stays in launch 1,
-   at that launch's occupancy: the FILTERED instance needs more registers, and the pass there
-   ran slower (benchmarks/HISTORY.md, sessions 13-22's tables).
+   at the max (`filtered.max_ties_token`), else queued for the select. The row's first pass
+   stays in launch 1, at that launch's occupancy: the FILTERED instance needs more registers,
+   and the pass there ran slower (benchmarks/HISTORY.md, sessions 13-22's tables).
 3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
    select each (`cut_select.py`: begin, pass, rounds, search): the decision of each top-k /
    top-p row launch 2 left undecided, from its candidates, then passes over the row (a
