@@ -305,7 +305,6 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
         tl.store(stats_ptr + S_BOUND, sample_ties_at_max(row_ptr, vocab, top_k, x_max))
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)
-        second = first
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     tl.store(stats_ptr + S_BOUND, theta)
@@ -348,10 +347,11 @@ def filtered_token(row_ptr, vocab, temperature, top_k, top_p, u, buf_ptr, stats_
                 token = decide_filtered(temperature, top_p, u, x_max, vocab, mass, k, k, count, use_k, use_p,
                                         listed_entries(buf_ptr, count, INT64_MIN, INT64_MAX, SMALL))
         # a top-k bound at the max with no list that holds the cut: k tokens or more tie at the max
-        at_max = use_k & (tl.load(stats_ptr + S_BOUND) == unsigned_key(sanitize(x_max)))
+        bound = tl.load(stats_ptr + S_BOUND)
+        at_max = use_k & (bound == unsigned_key(sanitize(x_max)))
         if (token == UNDECIDED) & at_max & ((count < 0) | (count > 2 * BUF)):
             token = max_ties_token(row_ptr, vocab, x_max, top_k, top_p, u, BLOCK)
         if SELECT:
             if token == UNDECIDED:  # the sample select: its first rounds follow in this program (`select_rounds`)
-                select_begin(vocab, top_k, top_p, mass, count, tl.load(stats_ptr + S_BOUND), stats_ptr, BUF)
+                select_begin(vocab, top_k, top_p, mass, count, bound, stats_ptr, BUF)
     return token

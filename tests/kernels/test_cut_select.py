@@ -207,7 +207,8 @@ def test_rows_tied_at_the_max_are_decided_by_one_walk(dtype):
         x[r, lanes[:k]] = 2.0
     runs = min(vocab // (4 * vec), filtered.SAMPLE_RUNS.value)  # `sample_ties_at_max`'s points
     points = ((torch.arange(runs) * (vocab // runs))[:, None] + torch.arange(vec)[None, :]).flatten()
-    rest = torch.tensor([i for i in torch.randperm(vocab, generator=g).tolist() if i not in set(points.tolist())])
+    sampled_at = set(points.tolist())
+    rest = torch.tensor([i for i in torch.randperm(vocab, generator=g).tolist() if i not in sampled_at])
     x[10, torch.cat([points, rest[:1000 - points.numel()]])] = 2.0  # exactly 1000, every point among them
     x[12, points] = 2.0  # every point, fewer than 1000 in all
     modes = [(1.0, 50, 1.0), (0.7, 200, 0.9), (1.3, 1000, 1.0), (1.0, 200, 0.3)] * 2 + [
