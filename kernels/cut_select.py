@@ -45,12 +45,14 @@ to hold the cut, with the exact count and mass of the tokens above each end.
 
 Nothing is sorted: each order statistic a round needs (the cut in a list, the estimate's
 points, step 7's index) is the largest code whose sum from the top reaches a goal, found by
-binary lifting over the tokens' codes (`_codes`: key code, then index, in as few bits as the
-list spans) with one block-wide reduction a bit (`_descend`: ~20-35 steps at V = 151936 in
-bfloat16; a 4096-entry sort cost several times that: benchmarks/RESULTS.md). The sample's points
-need the key code's bits only (~16 in bfloat16): they are in index order by slot, so the place
-among one key's points is a count or one scan (`_estimate`, `_within_key`); the estimate's four
-ranks share each bit's reduction (`_descend_ranks`).
+binary lifting over the tokens' codes with one block-wide reduction a bit (`_descend`; a
+4096-entry sort cost several times that: benchmarks/RESULTS.md). A descent needs the key codes'
+bits only (`_key_codes`: as few as the keys span, ~16 at most in bfloat16), then the place
+among one key's tokens, which weigh the same: in the list (in no order) a count, a min or max
+of their indices, or, strictly inside a run of ties, a descent over those indices
+(`_list_cut`); among the sample's points (in index order by slot) a count or one scan
+(`_estimate`, `_within_key`); the estimate's four ranks share each bit's reduction
+(`_descend_ranks`). Step 7 in the list descends over the indices (`_index_search`).
 The search's state lives in the row's scratch record between rounds and launches (`scratch`:
 the region, the goal, the list, the cut, the stage), the list is read from scratch where it is
 used, so little is live across a descent, and the launches compile for sm_90 without a stack
@@ -312,19 +314,24 @@ def _within_key(k, ranks, nbits):
     """The slots of the points of given ranks from the top ([G] int64, each 1 to the points'
     count), the points in SPEC.md's order: key code k descending ([N] unsigned, 0 for none and
     above 0 for a point), then slot ascending (the sample is in index order). The key of each by
-    `_descend_ranks` (nbits steps), then its place among that key's points by one scan along the
-    slots a rank."""
+    `_descend_ranks` (nbits steps), then its place among that key's points: the first of them by
+    a min along the slots (a key of one point: every key of a row of distinct values), another
+    by one scan along the slots."""
     x, n_above = _descend_ranks(k, ranks, nbits)
     x = x.to(k.dtype)
     want = ranks - n_above  # (the place among that key's points)
     G: tl.constexpr = ranks.shape[0]
+    N: tl.constexpr = k.shape[0]
     g = tl.arange(0, G)
     slots = tl.zeros((G,), dtype=tl.int32)
     for q in tl.static_range(G):  # (one goal at a time: a [G, N] scan's registers spill)
         x_q = tl.sum(tl.where(g == q, x, 0), 0)
-        seen = tl.cumsum((k == x_q).to(tl.int32), 0)  # that key's points up to each slot
-        before = tl.sum((seen < tl.sum(tl.where(g == q, want, 0), 0)).to(tl.int32), 0)  # (slots before the wanted one)
-        slots = tl.where(g == q, before, slots)
+        want_q = tl.sum(tl.where(g == q, want, 0), 0)
+        slot = tl.min(tl.where(k == x_q, tl.arange(0, N), N), 0)
+        if want_q > 1:
+            seen = tl.cumsum((k == x_q).to(tl.int32), 0)  # that key's points up to each slot
+            slot = tl.sum((seen < want_q).to(tl.int32), 0)  # (the slots before the wanted one)
+        slots = tl.where(g == q, slot, slots)
     return slots
 
 
@@ -414,16 +421,9 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
 @triton.jit
 def _coarse_key(key, KEY_SHIFT: tl.constexpr):
     """An int32 key without the KEY_SHIFT low bits that every value of the row's dtype leaves
-    constant (`_codes`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
+    constant (`_key_codes`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
     of no 16-bit dtype) is the code just above its dtype's largest (that of +inf); int32 still."""
     return (key >> KEY_SHIFT) + (key == FLT_MAX_KEY).to(key.dtype)
-
-
-@triton.jit
-def _full_key(k, KEY_SHIFT: tl.constexpr):
-    """The key of a `_coarse_key` code."""
-    key = (k << KEY_SHIFT) | tl.where(k < 0, (1 << KEY_SHIFT) - 1, 0)
-    return tl.where(k == (FLT_MAX_KEY >> KEY_SHIFT) + 1, FLT_MAX_KEY, key)
 
 
 @triton.jit
@@ -479,32 +479,10 @@ def _descend_ranks(codes, goals, nbits):
 @triton.jit
 def _key_codes(vals, KEY_SHIFT: tl.constexpr):
     """Packed tokens' `_coarse_key` codes less the lowest (int64; for INT64_MIN slots: any value),
-    and the lowest: the key part of `_codes` and of `_estimate`'s codes."""
+    and the lowest: the key codes of `_estimate` and `_list_cut`."""
     k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
     k_min = tl.min(tl.where(vals != INT64_MIN, k, INT64_MAX), 0)
     return k - k_min, k_min
-
-
-@triton.jit
-def _codes(vals, KEY_SHIFT: tl.constexpr):
-    """Packed tokens ([N], INT64_MIN: none) as int64 codes in SPEC.md's order, in as few bits as
-    they span: (key code - the lowest, `_coarse_key`) above (the highest index - index); -1 for
-    none. Returns (codes, their bits, and the lowest key code, the index bits and the highest
-    index, which `_token_of` inverts them by)."""
-    real = vals != INT64_MIN
-    k, k_min = _key_codes(vals, KEY_SHIFT)
-    index = packed_index(vals)
-    i_max = tl.max(tl.where(real, index, -1), 0)
-    index_bits = _bit_length(i_max - tl.min(tl.where(real, index, INT64_MAX), 0))
-    codes = tl.where(real, (k << index_bits) | (i_max - index), -1)
-    return codes, _bit_length(tl.max(codes, 0)), k_min, index_bits, i_max
-
-
-@triton.jit
-def _token_of(code, k_min, index_bits, i_max, KEY_SHIFT: tl.constexpr):
-    """The packed token of a `_codes` code (of no token: a value between its neighbours')."""
-    key = _full_key((k_min + (code >> index_bits)).to(tl.int32), KEY_SHIFT)
-    return pack_key(key, i_max - (code & ((tl.full(code.shape, 1, tl.int64) << index_bits) - 1)))
 
 
 @triton.jit
@@ -513,17 +491,53 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     """The cut among the list's tokens (`listed_entries`, in no order; c_hi / m_hi: the count and
     mass above them): (the cut, the tokens it keeps, their mass). The kept set is a prefix of
     SPEC.md's order: top-k's first goal - c_hi; top-p's every token with less than the goal above
-    it (the first always where nothing is above the list). Its last token, the cut, is the lowest
-    v with c_hi plus the tokens >= v (top-k), m_hi plus their mass (top-p), still at the goal: one
-    `_descend`, no sort. (The list is read twice: little is live across the descent.)"""
+    it (the first always where nothing is above the list). Its last token, the cut, is the first
+    whose sum from the top (c_hi or m_hi, and itself, included) reaches the goal. No sort: its key
+    by one `_descend` over the key codes alone (as many steps as the list's keys span), then its
+    place among that key's tokens, which weigh the same: the j-th, j from the sum above the key
+    by one division (a count, or j times one weight: exact in float64); the j-th lowest index by
+    a max, a min or, strictly inside a run of ties, a descent counting over their indices alone.
+    (The list is read again after the key's descent: only the key codes and weights are live
+    across it; the sum above the key is summed again there, which kept the select's launches
+    free of a stack frame.)"""
     vals = listed_entries(list_ptr, n, lo, hi, LIST)
-    codes, nbits, k_min, index_bits, i_max = _codes(vals, KEY_SHIFT)
-    w = tl.where(by_mass, packed_weights(vals, x_max, scale), (codes >= 0).to(tl.float64))
+    real = vals != INT64_MIN
+    k = tl.where(real, _key_codes(vals, KEY_SHIFT)[0] + 1, 0).to(tl.uint32)  # (0: no token)
+    w = tl.where(by_mass, weights32(vals, x_max, scale), real.to(tl.float32))  # (float32: the registers)
     base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
-    x = _descend(codes, w, base, goal, nbits, False)[0]  # (0 where every token is kept: at most the lowest code)
-    at = tl.min(tl.where(codes >= x, codes, INT64_MAX), 0)
-    at = tl.where(base >= goal, tl.max(codes, 0), at)  # (none kept but, for top-p, the first: see `_holds_cut`)
-    cut = _token_of(at, k_min, index_bits, i_max, KEY_SHIFT)
+    x = _descend(k, w, base, goal, _bit_length(tl.max(k, 0).to(tl.int64)), False)[0]
+    # x: the cut's key (the sum is constant between two keys of the list, so the largest code that
+    # reaches the goal is a key of it); 0 where the list falls short of the goal: every token kept
+    first = base >= goal  # (none kept but, for top-p, the first: see `_holds_cut`)
+    every = (x == 0) & ~first
+    vals = listed_entries(list_ptr, n, lo, hi, LIST)  # (read again: only k and w were live across the descent)
+    real = vals != INT64_MIN
+    k = tl.where(real, _key_codes(vals, KEY_SHIFT)[0] + 1, 0).to(tl.uint32)
+    x = tl.where(first, tl.max(k, 0), tl.where(every, tl.min(tl.where(real, k, 0xFFFFFFFF), 0), x.to(tl.uint32)))
+    same = real & (k == x)
+    n_same = tl.sum(same.to(tl.int64), 0)
+    w = tl.where(by_mass, packed_weights(vals, x_max, scale), real.to(tl.float64))
+    above = base + tl.sum(tl.where(k > x, w, 0.0), 0)  # (the sum short of the goal, above the cut's key)
+    w_x = tl.max(tl.where(same, w, 0.0), 0)
+    key_bits = tl.max(tl.where(same, vals >> 32, INT64_MIN), 0) << 32  # (one key: the same code)
+    low = vals & LOW_BITS  # (within a key, the packed order: 0xFFFFFFFF - index, the lowest index highest)
+    top = tl.max(tl.where(same, low, -1), 0)
+    bottom = tl.min(tl.where(same, low, INT64_MAX), 0)
+    codes = tl.where(same, low - bottom, -1).to(tl.int32)  # (V <= 2^30)
+    j = tl.minimum((goal - above).to(tl.float32) / tl.where(w_x > 0, w_x, 1.0).to(tl.float32),
+                   n_same + 1.0).to(tl.int64)  # (float32: within one either way of the count, set right below)
+    j = tl.where(above + j.to(tl.float64) * w_x >= goal, j, j + 1)
+    j = tl.where((j > 1) & (above + (j - 1).to(tl.float64) * w_x >= goal), j - 1, j)
+    j = tl.where(first, 1, tl.where(every, n_same, tl.minimum(tl.maximum(j, 1), n_same)))
+    at = tl.where(j == 1, top, bottom)
+    if (j > 1) & (j < n_same):  # (ties at the cut: the j-th of that key's tokens from the top, by their indices)
+        c = tl.zeros((), dtype=tl.int32)
+        nbits = _bit_length(top - bottom)
+        for i in range(0, nbits):
+            cand = c + (tl.full((), 1, tl.int32) << (nbits - 1 - i).to(tl.int32))
+            c = tl.where(tl.sum((codes >= cand).to(tl.int32), 0) >= j, cand, c)
+        at = bottom + c
+    cut = key_bits | at
     some = (base < goal) | (by_mass & (c_hi == 0))
     vals = listed_entries(list_ptr, n, cut - 1, hi, LIST)
     kept = (vals != INT64_MIN) & (tl.zeros_like(vals) + some.to(tl.int64) != 0)  # (the interpreter fails on an
