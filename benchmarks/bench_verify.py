@@ -182,9 +182,40 @@ def graph_ms(fn, argsets) -> float:
     return do_bench(graph.replay, warmup=25, rep=100, return_mode="median") / len(calls)
 
 
+# A kernel launched several times a call, by its place among them (the launch order of `kernels/verify.py`
+# and `kernels/sample_rows.py`): its launches share one name, so the profiler alone would lump them.
+LAUNCH_STAGES = {"verify_rows_kernel": ("rows", "filtered rows"),
+                 "verify_filtered_kernel": ("select begin", "select pass", "select rounds", "select search"),
+                 "sample_rows_kernel": ("rows", "filtered rows"),
+                 "sample_select_kernel": ("select pass", "select rounds", "select search")}
+
+
+def by_launch(kernels: list[tuple[str, float, float]], calls: int) -> list[tuple[str, float]]:
+    """(launch, us per call), slowest first, from (kernel name, start, us) events of `calls` calls that
+    each make the same launches in the same order: a kernel launched n times a call is told apart by
+    its place among them (`LAUNCH_STAGES`' words where it names n, else "#i"); a kernel whose count
+    is not a multiple of the calls keeps its name alone (its launches summed)."""
+    counts: dict[str, int] = {}
+    for name, _, _ in kernels:
+        counts[name] = counts.get(name, 0) + 1
+    seen: dict[str, int] = {}
+    totals: dict[str, float] = {}
+    for name, _, us in sorted(kernels, key=lambda k: k[1]):
+        per_call = counts[name] // calls if counts[name] % calls == 0 else 1
+        place = seen.get(name, 0) % per_call
+        seen[name] = seen.get(name, 0) + 1
+        words = LAUNCH_STAGES.get(name, ())
+        label = (name if per_call == 1 else f"{name} {words[place]}" if len(words) == per_call
+                 else f"{name} #{place + 1}")
+        totals[label] = totals.get(label, 0.0) + us
+    return sorted(((label, us / calls) for label, us in totals.items()), key=lambda r: -r[1])
+
+
 def breakdown(fn, argsets, rounds: int = 4) -> list[tuple[str, float]]:
-    """(kernel, us per call) of the fused op's launches, from the CUDA profiler, over every
-    rotating input (a rare slow row counts as often as in the timed graph)."""
+    """(launch, us per call) of the fused op's launches, from the CUDA profiler, over every
+    rotating input (a rare slow row counts as often as in the timed graph); the launches of one
+    kernel told apart by their order (`by_launch`)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     for a in argsets:
@@ -196,9 +227,9 @@ def breakdown(fn, argsets, rounds: int = 4) -> list[tuple[str, float]]:
             for a in argsets:
                 fn(*a)
         torch.cuda.synchronize()
-    rows = [(e.key, e.self_device_time_total / calls) for e in prof.key_averages()
-            if e.self_device_time_total > 0]
-    return sorted(rows, key=lambda r: -r[1])
+    kernels = [(e.name, e.time_range.start, e.self_device_time_total) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    return by_launch(kernels, calls)
 
 
 def fused_op(mode: str):

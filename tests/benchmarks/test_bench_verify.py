@@ -84,6 +84,24 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
     assert "- top-p 0.99, power-law: verify_filtered_kernel 12.5, verify_rows_kernel 3.0" in lines
 
 
+def test_breakdown_tells_apart_the_launches_of_one_kernel_by_their_order():
+    """`by_launch`: two calls of dflash_verify's seven launches (events out of order): each launch of
+    verify_filtered_kernel under its stage, verify_rows_kernel's two apart, accept alone; a kernel
+    whose count does not divide by the calls keeps its name with its launches summed."""
+    launches = [("verify_rows_kernel", 10.0), ("verify_rows_kernel", 2.0), ("verify_filtered_kernel", 1.0),
+                ("verify_filtered_kernel", 40.0), ("verify_filtered_kernel", 20.0), ("verify_filtered_kernel", 3.0),
+                ("verify_accept_kernel", 0.5)]
+    events = [(name, call * 100.0 + i, us * (call + 1)) for call in range(2) for i, (name, us) in enumerate(launches)]
+    events.append(("memcpy", 150.0, 6.0))
+    got = dict(bench_verify.by_launch(events[::-1], calls=2))
+    assert got == {"verify_rows_kernel rows": 15.0, "verify_rows_kernel filtered rows": 3.0,
+                   "verify_filtered_kernel select begin": 1.5, "verify_filtered_kernel select pass": 60.0,
+                   "verify_filtered_kernel select rounds": 30.0, "verify_filtered_kernel select search": 4.5,
+                   "verify_accept_kernel": 0.75, "memcpy": 3.0}
+    assert bench_verify.by_launch([("k", 0.0, 1.0), ("k", 1.0, 2.0), ("k", 2.0, 4.0), ("k", 3.0, 8.0)], 2) == [
+        ("k #2", 5.0), ("k #1", 2.5)]
+
+
 def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_changes(monkeypatch):
     """bench_verify.py --empty-launches on the CPU (timing replaced): each variant drops exactly the
     launches it names, the rest run, and the all-greedy call's tokens are the same without them (the
