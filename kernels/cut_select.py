@@ -401,21 +401,29 @@ def _search_pass(row_ptr, lo, vocab, x_max, scale, t, cut, prefix, LANES: tl.con
 
 
 @triton.jit
-def _index_search(list_ptr, n, cut, x_max, scale, u, LIST: tl.constexpr):
+def _index_search(list_ptr, n, cut, x_max, scale, u, draft, LIST: tl.constexpr):
     """SPEC.md step 7 over the kept set, every token >= cut among the list's first n slots: the
     smallest index whose inclusive prefix mass (in index order) exceeds t = u * S (S: their
-    mass), else the largest of positive weight; by one `_descend` over the indices (no sort)."""
+    mass), else the largest of positive weight. The draft (-1: none) first: it is the token
+    when its prefix before it is at most t and its weight takes the prefix above t (two sums
+    over the list: a row whose draft is accepted needs no more, SPEC.md's rationale); else one
+    `_descend` over the indices (no sort)."""
     vals = listed_entries(list_ptr, n, cut - 1, INT64_MAX, LIST)
     e = packed_weights(vals, x_max, scale)
     index = packed_index(vals)
-    i_max = tl.max(tl.where(vals != INT64_MIN, index, -1), 0)
-    codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix up
-    # to index i_max - x; int32 codes: V <= 2^30)
-    last = tl.max(tl.where(e > 0, index, -1), 0)
     total = tl.sum(e, 0)
     t = u.to(tl.float64) * total
-    x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)[0]
-    return tl.where(total > t, i_max - x, last)
+    below = tl.sum(tl.where(index < draft, e, 0.0), 0)
+    e_d = tl.sum(tl.where(index == draft, e, 0.0), 0)  # (0 where the draft is not kept, or none)
+    token = tl.zeros((), dtype=tl.int64) + draft
+    if (below > t) | (t >= below + e_d):  # (a draft outside the set, of weight 0, never takes it above t)
+        i_max = tl.max(tl.where(vals != INT64_MIN, index, -1), 0)
+        codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix
+        # up to index i_max - x; int32 codes: V <= 2^30)
+        last = tl.max(tl.where(e > 0, index, -1), 0)
+        x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)[0]
+        token = tl.where(total > t, i_max - x, last)
+    return token
 
 
 @triton.jit
@@ -735,13 +743,14 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
 
 @triton.jit
 def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr, stats_ptr, parts_ptr, chunk,
-                  BUF: tl.constexpr, INLINE: tl.constexpr):
+                  BUF: tl.constexpr, INLINE: tl.constexpr, draft=-1):
     """The rounds of a row in the select (the module docstring's), from its state: a row whose
     split pass ran since it asked (PH_PASS) folds the parts first. Until the cut is found, or,
     without INLINE, until a pass round wants its pass (PH_PASS: the pass launch reads it, split
     over SELECT_SPLITS programs); INLINE: each pass read here by this program (the last rounds
     launch, which finishes every row: the bound's passes). A row whose list holds its kept set
-    gets its token here (step 7 from the list); else PH_SEARCH (`select_search`). Returns the
+    gets its token here (step 7 from the list, its draft checked first: `_index_search`; draft -1:
+    none); else PH_SEARCH (`select_search`). Returns the
     token, or UNDECIDED. The state lives in the row's stats between rounds (`scratch`), so that
     little is live across each round's descents; passes are counted at S_PASSES."""
     LIST: tl.constexpr = 2 * BUF
@@ -769,7 +778,8 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                     done = ~done
                     cut, _, listed = load_cut(stats_ptr)
                     if listed:  # (the list holds the whole kept set: step 7 from it)
-                        token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, LIST)
+                        token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, draft,
+                                              LIST)
             else:
                 _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)
                 if INLINE:

@@ -290,7 +290,7 @@ def _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k
                                            False, True)
                 if token == UNDECIDED:
                     token = select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, work, stats,
-                                          parts_of(work, BUF), chunk, BUF, INLINE)
+                                          parts_of(work, BUF), chunk, BUF, INLINE, valid_draft(draft, vocab))
                 if token != UNDECIDED:
                     store_filtered(results, token, draft, vocab)
 

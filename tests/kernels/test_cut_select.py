@@ -280,7 +280,7 @@ def _packed(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _list_cut_kernel(vals_ptr, out_ptr, c_hi, m_hi, goal, by_mass, x_max, temperature, u, N: tl.constexpr,
+def _list_cut_kernel(vals_ptr, out_ptr, c_hi, m_hi, goal, by_mass, x_max, temperature, u, draft, N: tl.constexpr,
                      KEY_SHIFT: tl.constexpr):
     zero = tl.zeros((), dtype=tl.int64)
     f32 = tl.zeros((), dtype=tl.float32)
@@ -291,17 +291,19 @@ def _list_cut_kernel(vals_ptr, out_ptr, c_hi, m_hi, goal, by_mass, x_max, temper
     tl.store(out_ptr, cut)
     tl.store(out_ptr + 1, n_kept)
     tl.store(out_ptr + 2, kept_mass.to(tl.int64, bitcast=True))
-    tl.store(out_ptr + 3, cut_select._index_search(vals_ptr, zero + N, cut, f32 + x_max, scale, f32 + u, N))
+    tl.store(out_ptr + 3, cut_select._index_search(vals_ptr, zero + N, cut, f32 + x_max, scale, f32 + u, zero + draft,
+                                                   N))
 
 
-def _list_cut(vals, c_hi=0, m_hi=0.0, goal=1.0, by_mass=False, x_max=0.0, temperature=1.0, u=0.5, key_shift=0):
+def _list_cut(vals, c_hi=0, m_hi=0.0, goal=1.0, by_mass=False, x_max=0.0, temperature=1.0, u=0.5, key_shift=0,
+              draft=-1):
     """`_list_cut` on a list (its slots in this order, INT64_MIN: none), and `_index_search` on its
-    kept set: (cut, kept count, kept mass, step 7's token)."""
+    kept set with that draft: (cut, kept count, kept mass, step 7's token)."""
     n = 1 << max(vals.numel() - 1, 1).bit_length()
     list_ = torch.full((n,), -2**63, dtype=torch.int64)
     list_[:vals.numel()] = vals
     out = torch.zeros(4, dtype=torch.int64, device=DEVICE)
-    _list_cut_kernel[(1,)](list_.to(DEVICE), out, c_hi, m_hi, goal, int(by_mass), x_max, temperature, u, N=n,
+    _list_cut_kernel[(1,)](list_.to(DEVICE), out, c_hi, m_hi, goal, int(by_mass), x_max, temperature, u, draft, N=n,
                            KEY_SHIFT=key_shift)
     out = out.cpu()
     return int(out[0]), int(out[1]), float(out[2:3].view(torch.float64)), int(out[3])
@@ -349,6 +351,14 @@ def test_the_list_cut_is_spec_orders_on_ties_and_wide_keys():
             prefix = torch.cumsum(w[:at + 1][by_index.indices], 0)
             t = 0.3 * float(prefix[-1])
             assert token == int(by_index.values[int((prefix <= t).sum())])
+            # the draft checked first (SPEC.md's rationale): the token itself, its neighbours in index
+            # order, a token outside the kept set and none give the same token
+            at_token = int((prefix <= t).sum())
+            neighbours = [int(by_index.values[i]) for i in (at_token - 1, at_token + 1) if 0 <= i < at + 1]
+            outside = int(0xFFFFFFFF - (int(ranked[-1]) & 0xFFFFFFFF)) if at < 195 else -1
+            for draft in [token, *neighbours, outside, 4000]:
+                assert _list_cut(inside, c_hi=3, m_hi=0.25, goal=goal, by_mass=True, x_max=x_max,
+                                 temperature=temperature, u=0.3, key_shift=key_shift, draft=draft)[3] == token
         assert _list_cut(inside, c_hi=3, m_hi=0.25, goal=1e9, by_mass=True, x_max=x_max, temperature=temperature,
                          key_shift=key_shift)[:2] == (int(ranked[-1]), 196)  # (short of the goal: every token)
 
