@@ -77,10 +77,11 @@ import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
-from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BRACKETS, S_FILL, S_FINITE_N, S_HAVE_LIST, S_LIST_N,
-                      S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS, SELECT_SPLITS,
-                      UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts, load_parts_mass_above,
-                      load_region, part_of, store_cut, store_goal, store_list, store_part, store_region)
+from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BOUND, S_BRACKETS, S_COUNT, S_FILL, S_FINITE_N, S_HAVE_LIST,
+                      S_LIST_N, S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS,
+                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts,
+                      load_parts_mass_above, load_region, part_of, store_cut, store_goal, store_list, store_part,
+                      store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -597,17 +598,24 @@ def _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST: tl.conste
 
 @triton.jit
 def _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST: tl.constexpr, KEY_SHIFT: tl.constexpr):
-    """A pass round's 4 thresholds, to S_THRESHOLDS: the whole region where it fits the list, a
-    bracket from the sample's points in the region (`_store_sample`, `_estimate`; BRACKETS a
-    row), else a split."""
+    """A pass round's 4 thresholds, to S_THRESHOLDS: the whole region where it fits the list; a
+    top-k cut's first, where the row came with a bound and no list (`filtered.element_bound`, or
+    lanes too many to collect): every token at or above the bound, which holds the cut (k tokens
+    or more are there); else a bracket from the sample's points in the region (`_store_sample`,
+    `_estimate`; BRACKETS a row, that one included), else a split."""
     tl.debug_barrier()  # (stored by other threads)
     brackets = tl.load(stats_ptr + S_BRACKETS)
     top, c_top, m_top, bot, c_bot, m_bot, exact = load_region(stats_ptr)
     goal, by_mass = load_goal(stats_ptr)
     t = tl.where(tl.arange(0, 4) < 2, top, bot)  # (the whole region, where it fits the list)
     if c_bot - c_top > LIST:  # (an upper bound of the region's tokens)
+        bound = tl.load(stats_ptr + S_BOUND)
+        low = ((bound - KEY_OFFSET) << 32) - 1  # (packed: just below the bound's key, every index)
         split = brackets >= BRACKETS
-        if not split:
+        if (brackets == 0) & ~by_mass & (tl.load(stats_ptr + S_COUNT) < 0) & (bound >= 0) & (low < top):
+            t = tl.where(tl.arange(0, 4) < 2, top, low)
+            tl.store(stats_ptr + S_BRACKETS, brackets + 1)
+        elif not split:
             _store_sample(row_ptr, vocab, list_ptr, LIST)
             pts = listed_entries(list_ptr, LIST, bot, top, LIST)
             n_pts = tl.sum((pts != INT64_MIN).to(tl.int64), 0)

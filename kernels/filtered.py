@@ -12,8 +12,13 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   key >= theta, so the k-th best key is >= theta and every top-k token has key >= theta.
   A bound at the row's max (k or more tokens tie there, e.g. a row of one repeated logit)
   with no list: the k lowest indices holding it are the top-k set (`max_ties_token`). For
-  k above the lanes, a sample of the row tells such a row (`sample_ties_at_max`); no other
-  bound (the select decides the row).
+  k above the lanes, a sample of the row tells such a row (`sample_ties_at_max`); else, up
+  to the lanes' elements (LANES x VEC: 2048 in `dflash_verify`'s bfloat16 pass), the pass
+  keeps each element's max too (`needs_elements`; an element's steps are tokens of their
+  own), and the k-th largest of them bounds the same way (`element_bound`): no list (the
+  collect reads whole lanes), but the select's first pass lists every token at or above it
+  (`cut_select._thresholds`): the top-k set and the tokens that share its elements' steps,
+  where they fit the list one pass; above the elements, no bound (the select).
 - top-p alone: the tokens with key >= theta are a prefix of SPEC.md's order; once its
   mass reaches top_p * S, every later token has C(r-1) >= top_p * S and the nucleus lies
   inside. The largest lane maximum whose lane maxima's weights reach the target (1e-5
@@ -227,12 +232,13 @@ def _candidate_mass(buf_ptr, count, x_max, temperature):
 def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr, BLOCK: tl.constexpr,
                   STAGES: tl.constexpr, BUF: tl.constexpr):
     """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
-    lane_max, lane_mass, x_max, arg, finite, mass = filtered_lanes(row_ptr, vocab, temperature, top_k, top_p,
-                                                                   BLOCK, STAGES)
+    lane_max, lane_mass, x_max, arg, finite, mass, elem_max = filtered_lanes(row_ptr, vocab, temperature, top_k,
+                                                                             top_p, BLOCK, STAGES)
     # Through scratch, as `dflash_verify`'s launches hand them over: the bound they give picks the
     # collect's slots, and a helper's result would count as a write to the row for torch's
     # mutation analysis (the package docstring).
-    store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF)
+    store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF, elem_max,
+                needs_elements(top_k, top_p, vocab, elem_max.shape[0], elem_max.shape[1]))
     tl.debug_barrier()  # stored by other threads
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
@@ -246,10 +252,14 @@ def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexp
     candidates), and `decide_filtered` never reads S there (`cut_select` sums what it needs).
     No finite count either (3 instructions per logit): `cut_select`'s passes count it where it
     is needed; `finite` > 0 iff the row has a finite logit.
+    The element maxima for a top-k row whose k exceeds the lanes (`needs_elements`).
     (`verify_rows_kernel` runs the same `lanes_and_stats` in the launch that decides the light rows.)"""
-    lane_max, lane_mass, x_max, arg, finite, mass, _ = lanes_and_stats(
-        row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False)
-    return lane_max, lane_mass, x_max, arg, finite, mass
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    elems = needs_elements(top_k, top_p, vocab, BLOCK // VEC, VEC)
+    lane_max, lane_mass, x_max, arg, finite, mass, _, elem_max = lanes_and_stats(
+        row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False, elems=elems,
+        ELEMS=True)
+    return lane_max, lane_mass, x_max, arg, finite, mass, elem_max
 
 
 @triton.jit
@@ -260,17 +270,47 @@ def needs_mass(top_k, top_p, vocab):
 
 
 @triton.jit
-def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF: tl.constexpr):
+def needs_elements(top_k, top_p, vocab, LANES: tl.constexpr, VEC: tl.constexpr):
+    """Whether a filtered row's pass keeps its element maxima (`lane_stats`' ELEMS): a top-k row
+    whose k exceeds the lanes, up to their LANES x VEC elements (`element_bound`)."""
+    use_k, _ = filters(top_k, top_p, vocab)
+    return use_k & (top_k > LANES) & (top_k <= LANES * VEC)
+
+
+@triton.jit
+def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF: tl.constexpr, elem_max,
+                elems):
     """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
     masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
-    words [LANES, 1.5 LANES) (`load_lanes` reads them before `bound_and_collect` overwrites the list),
+    words [LANES, 1.5 LANES), with `elems` the element maxima (float32) after them
+    (`load_lanes` and `element_bound` read them before `bound_and_collect` overwrites the list),
     the row's stats in its STATS words (`scratch.store_stats`)."""
     LANES: tl.constexpr = lane_max.shape[0]
-    tl.static_assert(3 * LANES <= 4 * BUF)  # the 1.5 LANES words fit the 2 * BUF of the list
+    E: tl.constexpr = elem_max.shape[0] * elem_max.shape[1]
+    tl.static_assert(3 * LANES + E <= 4 * BUF)  # the 1.5 LANES + E / 2 words fit the 2 * BUF of the list
     r = tl.arange(0, LANES)
     tl.store(buf_ptr.to(tl.pointer_type(tl.float64)) + r, lane_mass)
     tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r, lane_max)
+    if elems:
+        at = tl.arange(0, elem_max.shape[0])[:, None] * elem_max.shape[1] + tl.arange(0, elem_max.shape[1])[None, :]
+        tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + at, elem_max)
     store_stats(stats_ptr, tl.zeros((), dtype=tl.int64) - 1, x_max, arg, finite, mass)
+
+
+@triton.jit
+def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr):
+    """The unsigned key of the k-th largest of `store_lanes`' E element maxima (-1 where fewer
+    than k of them are finite): each is a distinct token's logit (an element's steps are its own
+    tokens), so k tokens have a key at or above it, and so does every top-k token. By binary
+    lifting over the 32 key bits, one count over the E maxima a bit."""
+    x = sanitize(tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)))
+    keys = tl.where(x > float("-inf"), unsigned_key(x), -1)
+    k = top_k.to(tl.int32)
+    v = tl.zeros((), dtype=tl.int64)
+    for i in range(0, 32):
+        cand = v | (tl.full((), 1, tl.int64) << (31 - i))
+        v = tl.where(tl.sum((keys >= cand).to(tl.int32), 0) >= k, cand, v)
+    return tl.where(tl.sum((keys >= 0).to(tl.int32), 0) >= k, v, -1)
 
 
 @triton.jit
@@ -295,20 +335,26 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     finite, mass) at stats_ptr for `filtered_token`. A top-p row whose first candidates
     fall short of the target is collected again at the second, lower bound. A top-k row whose
     k exceeds the lanes has no list: its bound is its max where a sample says k tokens tie
-    there (`sample_ties_at_max`; `max_ties_token` decides it), else none (the select)."""
+    there (`sample_ties_at_max`; `max_ties_token` decides it), else the k-th largest element
+    maximum up to the elements (`element_bound`: the select's first pass lists the tokens at or
+    above it), else none (the select)."""
     LANES: tl.constexpr = lane_max.shape[0]
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
     above_lanes = use_k & (top_k > LANES)
     if above_lanes & (finite > 0):
         # through scratch: a bound picks the collect's slots (the package docstring's rule)
-        tl.store(stats_ptr + S_BOUND, sample_ties_at_max(row_ptr, vocab, top_k, x_max))
+        ties = sample_ties_at_max(row_ptr, vocab, top_k, x_max)
+        if (ties < 0) & (top_k <= LANES * VEC):
+            ties = element_bound(buf_ptr, top_k, LANES, LANES * VEC)
+        tl.store(stats_ptr + S_BOUND, ties)
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)
     count = tl.zeros((), dtype=tl.int64) - 1
     theta = tl.where((first >= 0) & (finite > 0), first, -1)
     tl.store(stats_ptr + S_BOUND, theta)
-    theta = tl.where(above_lanes, -1, theta)  # (a bound at the max from the sample: no list)
+    theta = tl.where(above_lanes, -1, theta)  # (a bound at the max, or from the elements: no list)
     while theta >= 0:  # at most twice (one copy of the collect loop: registers)
         count = collect(row_ptr, vocab, theta, lane_max, buf_ptr, stats_ptr, BLOCK, BUF)
         tl.store(stats_ptr + S_BOUND, theta)  # the list's bound, for `cut_select`

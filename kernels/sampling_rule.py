@@ -57,7 +57,8 @@ def pack_key(key, index):
 
 @triton.jit
 def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
-               lane_below, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
+               lane_below, elem_max, elems, COUNT: tl.constexpr, BELOW: tl.constexpr, BLOCK: tl.constexpr,
+               FAST: tl.constexpr, ELEMS: tl.constexpr):
     """One step of `lane_stats`: the [LANES, VEC] logits `raw` (at `offs`, step `start`)
     folded into the per-lane accumulators. The mass below the draft: a step wholly below it
     adds its whole sums; only the one step that holds the draft masks per logit.
@@ -71,8 +72,15 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
     step of only NaN): a NaN lane max or mass, like the +inf weight of a +inf logit,
     sends the row to the sanitizing pass (`lane_stats` checks the lanes after the pass), whose
     result is the same; every other logit gives exactly what the sanitized step gives. +inf
-    counts as FLT_MAX on the step's max: min commutes with max."""
+    counts as FLT_MAX on the step's max: min commutes with max.
+
+    ELEMS (and `elems`, uniform over the program): each element's own maximum too ([LANES, VEC]:
+    the tokens of one place in the steps, a stride of BLOCK apart), one max a logit; a NaN may
+    stay in it (the interpreter's elementwise max keeps it): `filtered.element_bound` sanitizes."""
     x = raw.to(tl.float32)
+    if ELEMS:
+        if elems:
+            elem_max = tl.maximum(elem_max, x)
     if FAST:
         step_max = tl.minimum(tl.max(x, 1), FLT_MAX, propagate_nan=tl.PropagateNan.ALL)
     else:
@@ -96,7 +104,7 @@ def _fold_step(raw, start, offs, draft, scale, sampling, lane_max, lane_step, la
             if (start < draft) & (start + BLOCK > draft):  # (uniform over the program)
                 below = tl.sum(tl.where(offs < draft, e, 0.0), 1)
             lane_below = lane_below * rescale.to(tl.float64) + below.to(tl.float64)
-    return new_max, lane_step, lane_finite, lane_mass, lane_below
+    return new_max, lane_step, lane_finite, lane_mass, lane_below, elem_max
 
 
 @triton.jit
@@ -112,8 +120,8 @@ def store_prefix(prefix_ptr, lane_max, lane_mass, scale):
 @triton.jit
 def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
                COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr, prefix_ptr, chunk, prefixes,
-               PREFIXES: tl.constexpr):
-    """`lane_stats`' pass over the row (FAST: see `_fold_step`; PREFIXES: see `lane_stats`)."""
+               PREFIXES: tl.constexpr, elems, ELEMS: tl.constexpr):
+    """`lane_stats`' pass over the row (FAST, ELEMS: see `_fold_step`; PREFIXES: see `lane_stats`)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
@@ -121,15 +129,16 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     lane_finite = tl.zeros((LANES,), dtype=tl.int32)
     lane_mass = tl.zeros((LANES,), dtype=tl.float64)
     lane_below = tl.zeros((LANES,), dtype=tl.float64)
+    elem_max = tl.full((LANES, VEC), float("-inf"), tl.float32)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     full = lo + (vocab - lo) // BLOCK * BLOCK
     scale = weight_scale(temperature)
     until = tl.where(prefixes & (chunk < vocab), chunk, -1)  # (PREFIXES) the next chunk end inside the row, or -1
     for start in tl.range(lo, full, BLOCK, num_stages=STAGES):  # whole steps: no mask
         raw = tl.load(row_ptr + start + grid)
-        lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
+        lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _fold_step(
             raw, start, start + grid, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW, BLOCK, FAST)
+            lane_below, elem_max, elems, COUNT, BELOW, BLOCK, FAST, ELEMS)
         if PREFIXES:
             if start + BLOCK == until:  # (uniform over the program)
                 store_prefix(prefix_ptr, lane_max, lane_mass, scale)
@@ -139,16 +148,16 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     if full < vocab:  # the last, partial step
         offs = full + grid
         raw = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf"))
-        lane_max, lane_step, lane_finite, lane_mass, lane_below = _fold_step(
+        lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _fold_step(
             raw, full, offs, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
-            lane_below, COUNT, BELOW, BLOCK, FAST)
-    return lane_max, lane_step, lane_finite, lane_mass, lane_below
+            lane_below, elem_max, elems, COUNT, BELOW, BLOCK, FAST, ELEMS)
+    return lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max
 
 
 @triton.jit
 def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
                lo=0, COUNT: tl.constexpr = False, BELOW: tl.constexpr = True, prefix_ptr=0, chunk=1, prefixes=False,
-               PREFIXES: tl.constexpr = False):
+               PREFIXES: tl.constexpr = False, elems=False, ELEMS: tl.constexpr = False):
     """The HBM pass of a row with per-lane accumulators: each lane's (max, step of its
     first max, finite count, mass, mass below draft), masses at the lane's own max.
 
@@ -175,18 +184,21 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     `chunk` logits but the row's last, the row's prefix mass so far (`store_prefix`: a block
     reduction of the lanes) into the word pairs from prefix_ptr, so that a search for the
     token needs to read one chunk (`light_token_from_prefixes`). Each chunk end costs the
-    pass one block reduction (the alternatives cost about as much: `launch.prefix_chunks`)."""
-    lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
+    pass one block reduction (the alternatives cost about as much: `launch.prefix_chunks`).
+
+    ELEMS (and `elems`): also each element's maximum ([LANES, VEC], see `_fold_step`; else a
+    [LANES, VEC] of -inf), the last result."""
+    lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _lane_pass(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True, prefix_ptr, chunk,
-        prefixes, PREFIXES)
+        prefixes, PREFIXES, elems, ELEMS)
     bad = (lane_max != lane_max) | (lane_mass != lane_mass) | (lane_mass == float("inf"))
     if tl.sum(bad.to(tl.int32), 0) > 0:  # a NaN or +inf logit: the sanitizing pass (its prefixes replace the first's)
-        lane_max, lane_step, lane_finite, lane_mass, lane_below = _lane_pass(
+        lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _lane_pass(
             row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, False, prefix_ptr, chunk,
-            prefixes, PREFIXES)
+            prefixes, PREFIXES, elems, ELEMS)
     if not COUNT:
         lane_finite = (lane_max > float("-inf")).to(tl.int32)
-    return lane_max, lane_step, lane_finite, lane_mass, lane_below
+    return lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max
 
 
 @triton.jit
@@ -217,23 +229,24 @@ def scan_lanes(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
                lo=0):
     """The HBM pass of greedy and temperature-only rows: (max, argmax, finite count, mass S,
     mass below draft) (see `lane_stats`)."""
-    _, _, x_max, arg, finite, mass, below = lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK,
-                                                            STAGES, lo)
+    _, _, x_max, arg, finite, mass, below, _ = lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK,
+                                                               STAGES, lo)
     return x_max, arg, finite, mass, below
 
 
 @triton.jit
 def lanes_and_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr,
                     lo=0, BELOW: tl.constexpr = True, prefix_ptr=0, chunk=1, prefixes=False,
-                    PREFIXES: tl.constexpr = False):
+                    PREFIXES: tl.constexpr = False, elems=False, ELEMS: tl.constexpr = False):
     """`lane_stats`, then `combine_lanes`: (lane maxima, lane masses, max, argmax, finite count,
-    mass S, mass below draft); the lanes for the bounds of top-k / top-p rows."""
-    lane_max, lane_step, lane_finite, lane_mass, lane_below = lane_stats(
+    mass S, mass below draft, element maxima); the lanes (and, ELEMS, the elements) for the
+    bounds of top-k / top-p rows."""
+    lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = lane_stats(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, False, BELOW, prefix_ptr, chunk, prefixes,
-        PREFIXES)
+        PREFIXES, elems, ELEMS)
     x_max, arg, finite, mass, below = combine_lanes(row_ptr, lane_max, lane_step, lane_finite, lane_mass,
                                                     lane_below, vocab, temperature, sampling)
-    return lane_max, lane_mass, x_max, arg, finite, mass, below
+    return lane_max, lane_mass, x_max, arg, finite, mass, below, elem_max
 
 
 @triton.jit

@@ -7,7 +7,7 @@ A launch's scratch is `work`, one int64 row of `scratch_width(BUF)` words per lo
 (`dflash_verify`: per pair slot). A row:
 - [0, 2 BUF): its list of up to 2 BUF packed tokens (`sampling_rule.pack`): `filtered.collect`'s
   candidates, then `cut_select`'s sample and the tokens its passes list. `filtered.store_lanes`
-  keeps a filtered row's lanes there until its bound is known.
+  keeps a filtered row's lanes (and element maxima) there until its bound is known.
 - HOT_WORDS (`hot_of`): `filtered.collect`'s hot lanes.
 - RESULTS (`results_of`): the row's decision (R_TOKEN, R_MATCH, R_X_MAX, R_MASS), or its mark
   and pair on the way to a later launch (R_TOKEN, R_PAIR, R_ROW, R_DRAFT).

@@ -58,7 +58,7 @@ from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, 
                      launch_config, prefix_chunks, select_config, select_programs)
 from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part,
                          select_rounds, select_search)
-from .filtered import bound_and_collect, filtered_token, load_lanes, needs_mass, store_lanes
+from .filtered import bound_and_collect, filtered_token, load_lanes, needs_elements, needs_mass, store_lanes
 from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER,
                       SELECT_SPLITS, UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
                       parts_of, prefixes_of, results_of, scratch_width, stats_of, store_moot, store_pair,
@@ -148,9 +148,11 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     d = tl.where(light | top_p_alone, draft_in_range, -1)
     # (NaN temperature compares false: greedy)
     sampling = tl.where(light, temperature > 0, top_p_alone)
-    lane_max, lane_mass, x_max, arg, finite, mass, below = lanes_and_stats(
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    elems = ~light & needs_elements(top_k, top_p, vocab, BLOCK // VEC, VEC)
+    lane_max, lane_mass, x_max, arg, finite, mass, below, elem_max = lanes_and_stats(
         row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
-        prefixes=light & sampling, PREFIXES=True)
+        prefixes=light & sampling, PREFIXES=True, elems=elems, ELEMS=True)
     if light:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
                                       tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
@@ -163,7 +165,7 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
         store_results(results, arg.to(tl.int64), match, x_max, mass)
         tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
     else:
-        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF)
+        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF, elem_max, elems)
         store_pair(results, owner, j, row, draft)
         # no finite logit (token -1) or no draft in range: a miss whatever the filters
         miss = (finite == 0) | (draft_in_range < 0)

@@ -191,7 +191,9 @@ def test_rows_tied_at_the_max_are_decided_by_one_walk(dtype):
     `filtered.max_ties_token` takes the k lowest indices holding the max, top-p's first
     ceil(p k) of them and step 7's pick among them in one walk, and the row never enters the
     select. Rows of one repeated logit; rows whose max a third of the tokens hold, scattered
-    (k 1000: too few sample points at the max, so the select); rows where exactly k tokens
+    (k 1000: too few sample points at the max, so the select; but not in sample_rows' bfloat16
+    pass, whose 4096 elements hold a token each at most: their maxima count the ties, the
+    walk, `filtered.element_bound`); rows where exactly k tokens
     hold it, in k lanes or at every sample point and more; a false alarm, the max at every
     sample point but at fewer than k tokens (the walk finds too few: the select). Top-k 50 /
     200 (the lanes' bound) and 1000, with and without top-p; dflash_verify and sample_rows
@@ -229,7 +231,62 @@ def test_rows_tied_at_the_max_are_decided_by_one_walk(dtype):
     work = launch.scratch_for(sampled["logits"])
     work.work.fill_(NEVER)
     check_samples(sampled, sample_rows_kernel.launch(*[sampled[k] for k in SAMPLE_KEYS], scratch=work))
-    assert [r for r in range(n) if work.stats(r)["bot"] != NEVER] == [6, 12]
+    assert [r for r in range(n) if work.stats(r)["bot"] != NEVER] == ([12] if dtype == torch.bfloat16 else [6, 12])
+
+
+def _element_bound(x: torch.Tensor, k: int, block: int) -> tuple[int, int]:
+    """(the k-th largest of a row's BLOCK element maxima as an unsigned key, the tokens at or
+    above it): element e holds the tokens i = e mod BLOCK."""
+    bits = x.float().view(torch.int32).long()
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
+    padded = torch.cat([keys, torch.full((-keys.numel() % block,), -1)])
+    bound = int(padded.view(-1, block).amax(0).sort(descending=True).values[k - 1])
+    return bound, int((keys >= bound).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
+    """A top-k row whose k exceeds the lanes but not their elements (BLOCK 16: 4 lanes of 4
+    float32 or 2 of 8 bfloat16, 16 elements) keeps each element's max in its pass; the k-th
+    largest of them is a bound of the cut (k distinct tokens reach it), so the select's first
+    pass lists every token at or above it, and where they fit the list (64) that one pass
+    decides the row. Random rows of V = 700 (not a whole number of steps) under top-k from
+    the lanes + 1 to 16, alone and with top-p, in sample_rows and dflash_verify: the bound,
+    the first pass's thresholds (the region, then just below the bound's key twice) and the
+    reference's tokens; rows whose tokens above the bound overflow the list (repeated
+    logits) take more passes, within the bound."""
+    g = torch.Generator().manual_seed(93)
+    vocab, lanes = 700, BLOCK // (128 // torch.finfo(dtype).bits)
+    modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 16, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
+    x = torch.randn(3 * len(modes), vocab, generator=g) * 2
+    x[-len(modes):] = torch.randint(0, 3, (len(modes), vocab), generator=g).float()  # ties below 3 tokens
+    x[-len(modes):, 100:103] = torch.tensor([5.0, 6.0, 7.0])  # (at the max: the walk, not the select)
+    logits = x.to(dtype)
+    n = x.shape[0]
+    picked = modes * 3
+    params = {"temperature": torch.tensor([m[0] for m in picked]), "top_k": torch.tensor([m[1] for m in picked]),
+              "top_p": torch.tensor([m[2] for m in picked]), "seed": torch.randint(0, 1 << 62, (n,), generator=g)}
+    sampled = {"logits": logits, "position": torch.randint(0, 1 << 40, (n,), generator=g), **params}
+    verified = {"logits": logits, "tokens": torch.randint(0, vocab, (n,), generator=g),
+                "offsets": torch.arange(n + 1), "start_position": torch.randint(0, 1 << 40, (n,), generator=g),
+                **params}
+    for inp, keys, run, check in ((sampled, SAMPLE_KEYS, sample_rows_kernel.launch, check_samples),
+                                  (verified, VERIFY_KEYS, verify_kernel.launch, check_verify)):
+        inp = {k: v.to(DEVICE) for k, v in inp.items()}
+        work = launch.scratch_for(inp["logits"], CAP, BLOCK)
+        check(inp, run(*[inp[k] for k in keys], cap=CAP, block=BLOCK, scratch=work))
+        fitted = overflowed = 0
+        for r in range(n):
+            st = work.stats(r)
+            bound, above = _element_bound(logits[r], picked[r][1], BLOCK)
+            assert st["bound"] == bound, (r, st["bound"], bound)
+            assert st["passes"] <= pass_bound(vocab, 1 + (picked[r][2] < 1)), (r, st["passes"])
+            if above <= LIST and picked[r][2] == 1.0:
+                low = ((bound - 2**31) << 32) - 1
+                assert (st["passes"], st["threshold_2"], st["threshold_3"]) == (1, low, low), (r, st)
+                fitted += 1
+            overflowed += above > LIST
+        assert fitted >= 4 and overflowed >= 3, (fitted, overflowed)
 
 
 def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
