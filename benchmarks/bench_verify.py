@@ -256,7 +256,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False, drafts: str = 
     under every mode of `cases.kind_modes` (every owner of a case in that mode; greedy too
     through dflash_verify, as a mixed batch runs it), and in mixed batches (MIXED: the first
     few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then
-    sample_rows on 64 rows of each kind against one torch.amax read of the same rows; then the worst cases against issue #25's targets. per_kernel (--breakdown): each
+    sample_rows on 64 rows of each kind against one torch.amax read of the same rows; then the
+    worst cases against issue #25's targets. per_kernel (--breakdown): each
     mode's worst cell's launches timed one by one (torch.profiler), after each table. drafts:
     `verify_inputs`' (sample_rows has none)."""
     owners, vocab = KINDS_SHAPE
@@ -329,7 +330,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False, drafts: str = 
     for mode in modes:
         cells = {}
         for kind in kinds:
-            made = [inputs(kind, 64, torch.bfloat16, mode) for _ in range(max(MIN_COPIES, ROTATE_BYTES // (64 * vocab * 2)))]
+            sample_copies = max(MIN_COPIES, ROTATE_BYTES // (64 * vocab * 2))
+            made = [inputs(kind, 64, torch.bfloat16, mode) for _ in range(sample_copies)]
             if kind not in amax:
                 amax[kind] = graph_ms(lambda x: torch.amax(x, -1), [[c["logits"]] for c in made])
             n = ROWS_PER_OWNER  # owners of 16 rows: the per-row parameters repeat per owner
