@@ -257,8 +257,8 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False, drafts: str = 
     through dflash_verify, as a mixed batch runs it), and in mixed batches (MIXED: the first
     few owners top-p 0.95, the others greedy): x floor per cell, the worst kind per mode; then
     sample_rows on 64 rows of each kind against one torch.amax read of the same rows; then the
-    worst cases against issue #25's targets. per_kernel (--breakdown): each
-    mode's worst cell's launches timed one by one (torch.profiler), after each table. drafts:
+    worst cases against issue #25's targets. per_kernel (--breakdown): each mode's worst cell's
+    launches timed one by one (torch.profiler), after each table (sample_rows' too). drafts:
     `verify_inputs`' (sample_rows has none)."""
     owners, vocab = KINDS_SHAPE
     rows = owners * ROWS_PER_OWNER
@@ -326,22 +326,35 @@ def kinds_table(say, bw: float, dtypes, per_kernel: bool = False, drafts: str = 
     say()
     say("| mode | " + " | ".join(kinds) + " | worst |")
     say("|---" * (len(kinds) + 2) + "|")
-    amax = {}
+    def sample_argsets(kind, mode):  # 64 rows of `kind` in `mode`, rotating copies: (logits, sample_rows' argsets)
+        n = ROWS_PER_OWNER  # owners of 16 rows: the per-row parameters repeat per owner
+        copies = max(MIN_COPIES, ROTATE_BYTES // (64 * vocab * 2))
+        made = [inputs(kind, 64, torch.bfloat16, mode) for _ in range(copies)]
+        return [c["logits"] for c in made], [
+            [c["logits"], c["start_position"].repeat_interleave(n), c["temperature"].repeat_interleave(n),
+             c["top_k"].repeat_interleave(n), c["top_p"].repeat_interleave(n), c["seed"].repeat_interleave(n)]
+            for c in made]
+
+    amax, slowest = {}, {}
     for mode in modes:
         cells = {}
         for kind in kinds:
-            sample_copies = max(MIN_COPIES, ROTATE_BYTES // (64 * vocab * 2))
-            made = [inputs(kind, 64, torch.bfloat16, mode) for _ in range(sample_copies)]
+            logits, argsets = sample_argsets(kind, mode)
             if kind not in amax:
-                amax[kind] = graph_ms(lambda x: torch.amax(x, -1), [[c["logits"]] for c in made])
-            n = ROWS_PER_OWNER  # owners of 16 rows: the per-row parameters repeat per owner
-            argsets = [[c["logits"], c["start_position"].repeat_interleave(n), c["temperature"].repeat_interleave(n),
-                        c["top_k"].repeat_interleave(n), c["top_p"].repeat_interleave(n),
-                        c["seed"].repeat_interleave(n)] for c in made]
+                amax[kind] = graph_ms(lambda x: torch.amax(x, -1), [[x] for x in logits])
             cells[kind] = graph_ms(torch.ops.dflash.sample_rows, argsets) / amax[kind]
             note(("sample_rows", "bfloat16"), cells[kind], mode, kind)
+            del logits, argsets
         top = max(cells, key=cells.get)
         say(f"| {mode} | " + " | ".join(f"{cells[k]:.2f}" for k in kinds) + f" | {cells[top]:.2f} ({top}) |")
+        slowest[mode] = top
+    if per_kernel:
+        say()
+        say("Per-kernel CUDA time of each mode's worst cell, sample_rows (torch.profiler), us per call:")
+        say()
+        for mode, kind in slowest.items():
+            times = breakdown(torch.ops.dflash.sample_rows, sample_argsets(kind, mode)[1])
+            say(f"- {mode}, {kind}: " + ", ".join(f"{k[:40]} {us:.1f}" for k, us in times))
 
     say()
     say("Worst cases against issue #25's targets:")

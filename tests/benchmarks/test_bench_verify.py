@@ -58,11 +58,14 @@ def test_kinds_table_times_every_kind_under_every_mode(monkeypatch):
 
 
 def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
-    def fake_graph_ms(fn, argsets):  # top-p 0.99 on power-law rows the slowest of its mode
+    """--breakdown: dflash_verify's worst cell per mode, then sample_rows' (their own worst kinds)."""
+    def fake_graph_ms(fn, argsets):  # top-p 0.99 the slowest of its mode: power-law rows, sample_rows' on ties
+        if fn is torch.ops.dflash.sample_rows:
+            return 2.0 if made[-1] == "ties" and bool((argsets[0][4] == 0.99).all()) else 1.0
         verify = fn is torch.ops.dflash.dflash_verify
         return 2.0 if verify and made[-1] == "power-law" and bool((argsets[0][6] == 0.99).all()) else 1.0
 
-    made, broken_down = [], []
+    made, broken_down, sampled = [], [], []
     real_kind_logits = cases.kind_logits
 
     def kind_logits(g, kind, *args):
@@ -70,6 +73,9 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
         return real_kind_logits(g, kind, *args)
 
     def fake_breakdown(fn, argsets):
+        if fn is torch.ops.dflash.sample_rows:  # (logits, position, temperature, top_k, top_p, seed)
+            sampled.append((made[-1], round(float(argsets[0][4][0]), 4)))
+            return [("sample_rows_kernel rows", 7.5)]
         broken_down.append((made[-1], round(float(argsets[0][6][0]), 4)))
         return [("verify_filtered_kernel", 12.5), ("verify_rows_kernel", 3.0)]
 
@@ -79,9 +85,11 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
     lines = []
     bench_verify.kinds_table(lambda text="": lines.append(text), bw=64 * 32 * 2 / 1e-3, dtypes=[torch.bfloat16],
                              per_kernel=True)
-    assert len(broken_down) == len(cases.kind_modes(64))  # one cell a mode: its worst kind
-    assert ("power-law", 0.99) in broken_down
+    assert len(broken_down) == len(sampled) == len(cases.kind_modes(64))  # one cell a mode: its worst kind
+    assert ("power-law", 0.99) in broken_down and ("ties", 0.99) in sampled
     assert "- top-p 0.99, power-law: verify_filtered_kernel 12.5, verify_rows_kernel 3.0" in lines
+    heading = [i for i, x in enumerate(lines) if x.startswith("Per-kernel CUDA time") and "sample_rows" in x]
+    assert len(heading) == 1 and lines.index("- top-p 0.99, ties: sample_rows_kernel rows 7.5") > heading[0]
 
 
 def test_breakdown_tells_apart_the_launches_of_one_kernel_by_their_order():
