@@ -70,7 +70,8 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
     """file -> [(text, replacement)]: each text must occur exactly once."""
     i8, i12, i16, i20 = " " * 8, " " * 12, " " * 16, " " * 20
     i24 = " " * 24
-    index = f"{i24}token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, LIST)\n"
+    index = (f"{i24}token = _index_search(list_ptr, tl.load(stats_ptr + S_LIST_N), cut, x_max, scale, u, draft,\n"
+             f"{i24}                      LIST)\n")
     list_round = f"{i16}if _list_round(list_ptr, stats_ptr, use_p, top_p, x_max, scale, LIST, KEY_SHIFT):\n"
     thresholds = f"{i16}_thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)\n"
     estimate = (f"{i16}t = _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, "
