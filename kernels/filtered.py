@@ -346,7 +346,7 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     if above_lanes & (finite > 0):
         # through scratch: a bound picks the collect's slots (the package docstring's rule)
         ties = sample_ties_at_max(row_ptr, vocab, top_k, x_max)
-        if (ties < 0) & (top_k <= LANES * VEC):
+        if (ties < 0) & needs_elements(top_k, top_p, vocab, LANES, VEC):
             ties = element_bound(buf_ptr, top_k, LANES, LANES * VEC)
         tl.store(stats_ptr + S_BOUND, ties)
         tl.debug_barrier()  # stored by other threads
