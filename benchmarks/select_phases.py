@@ -77,7 +77,7 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
     estimate = (f"{i16}t = _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact, goal, by_mass, "
                 f"x_max,\n{i16}              scale, (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, "
                 "LIST, KEY_SHIFT)\n")
-    inline_pass = (f"{i20}above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(\n"
+    inline_pass = (f"{i20}above_n, above_m, lowest, n_finite, m_finite = _row_pass(\n"
                    f"{i20}    row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)\n")
     narrow = f"{i20}_narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)\n"
     search_start = (f"{i12}_search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, "

@@ -34,6 +34,8 @@ to hold the cut, with the exact count and mass of the tokens above each end.
   `half` places either side of the estimate (the bracket, about FILL x LIST tokens) and
   GUARD x `half` places out; it stores the bracket's tokens in the list. If the bracket
   held the cut, the next round is a list round; else the thresholds narrow the region.
+  (A count goal whose list starts at the row's top, top-k's first pass from an element bound,
+  has a pass of its own that weighs nothing: `_count_pass`, by `_row_pass`.)
   After BRACKETS such passes in a row, or where fewer than MIN_POINTS points fall in the
   region, the 4 thresholds split the region's range of keys in 5 equal parts instead (a
   region of one key: its range of indices), and a region of at most LIST tokens is listed
@@ -255,6 +257,75 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     n_finite = tl.sum(nf, 0)
     lowest = tl.where(n_finite > 0, tl.min(low, 0).to(tl.int64) << 32, INT64_MAX)
     return above_n.to(tl.int64), above_m, lowest, n_finite.to(tl.int64), tl.sum(mf, 0)
+
+
+@triton.jit
+def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
+    """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s)."""
+    VEC: tl.constexpr = offs.shape[1]
+    column = tl.arange(0, VEC)[None, :]
+    if MASKED:
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
+    else:
+        x = sanitize(tl.load(row_ptr + offs))
+    key = ordered_key(x)
+    p = pack_key(key, offs)
+    member = p > t  # (-inf above no threshold: `_count_pass` raised it)
+    finite = x > float("-inf")
+    n += tl.sum(member.to(tl.int32), 1)
+    nf += tl.sum(finite.to(tl.int32), 1)
+    low = tl.minimum(low, tl.min(tl.where(finite, key, 2147483647), 1))
+    claimed = tl.sum(member.to(tl.int32), 1)
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+    for v in tl.static_range(VEC):  # (as `_threshold_step`'s stores)
+        m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
+        tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
+        at += m_v.to(tl.int32)
+    return n, nf, low
+
+
+@triton.jit
+def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+    """`_threshold_pass` for a count goal whose list starts at the row's top (thresholds 0 and 1
+    INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
+    finite tokens above t counted and stored in the list, the row's finite count and its lowest
+    token; no weight, no mass (a count goal's rounds read none of this pass's: nothing is above
+    the list's top). Its step has about half the instructions of `_threshold_pass`'s (the pass
+    is bound by the ALU pipe: benchmarks/HISTORY.md, sessions 66-67). Returns
+    `_threshold_pass`'s values, the masses 0."""
+    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    STEP: tl.constexpr = LANES * VEC
+    t = tl.maximum(t, pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32)))
+    grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    n = tl.zeros((LANES,), dtype=tl.int32)
+    nf = tl.zeros((LANES,), dtype=tl.int32)
+    low = tl.full((LANES,), 2147483647, dtype=tl.int32)
+    whole = lo + (hi - lo) // STEP * STEP
+    for start in tl.range(lo, whole, STEP, num_stages=PASS_STAGES):
+        n, nf, low = _count_step(row_ptr, start + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, False)
+    if whole < hi:
+        n, nf, low = _count_step(row_ptr, whole + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, True)
+    q = tl.arange(0, 4)
+    above_n = tl.where(q < 2, 0, tl.sum(n, 0)).to(tl.int64)
+    n_finite = tl.sum(nf, 0)
+    lowest = tl.where(n_finite > 0, tl.min(low, 0).to(tl.int64) << 32, INT64_MAX)
+    return above_n, tl.zeros((4,), dtype=tl.float64), lowest, n_finite.to(tl.int64), tl.zeros((), dtype=tl.float64)
+
+
+@triton.jit
+def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+    """The pass a pass round wants over the row's logits [lo, hi): `_count_pass` where the goal is
+    a count and the thresholds are its form, else `_threshold_pass`."""
+    by_mass = load_goal(stats_ptr)[1]  # (a barrier first: stored by other threads)
+    t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)  # (descending: t0 >= t1)
+    t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
+    if (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
+        above_n, above_m, lowest, n_finite, m_finite = _count_pass(row_ptr, lo, hi, t2, stats_ptr + S_FILL, list_ptr,
+                                                                   LIST, LANES)
+    else:
+        above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr,
+                                                                       list_ptr, LIST, LANES)
+    return above_n, above_m, lowest, n_finite, m_finite
 
 
 @triton.jit
@@ -792,7 +863,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 _thresholds(row_ptr, vocab, list_ptr, stats_ptr, x_max, scale, LIST, KEY_SHIFT)
                 if INLINE:
                     tl.debug_barrier()  # (stored by other threads)
-                    above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
+                    above_n, above_m, lowest, n_finite, m_finite = _row_pass(
                         row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)
                     tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
                     tl.store(stats_ptr + S_LIST_PARTS, 0)
@@ -818,7 +889,7 @@ def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, pa
     tl.debug_barrier()  # (stored by other threads)
     if (tl.load(stats_ptr + S_PHASE) == PH_PASS) & (c * chunk < vocab):
         lo = c * chunk
-        above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(
+        above_n, above_m, lowest, n_finite, m_finite = _row_pass(
             row_ptr, lo, tl.minimum(lo + chunk, vocab), x_max, weight_scale(temperature), stats_ptr, list_ptr,
             2 * BUF, LANES)
         store_part(part_of(parts_ptr, c), above_n, above_m, lowest, n_finite, m_finite)
