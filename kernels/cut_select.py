@@ -164,12 +164,25 @@ def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
 
 
 @triton.jit
+def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
+    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
+    lane claims its slots with one atomic add on the fill word (`_threshold_pass`), the first
+    LIST claims stored."""
+    VEC: tl.constexpr = p.shape[1]
+    column = tl.arange(0, VEC)[None, :]
+    claimed = tl.sum(member.to(tl.int32), 1)
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+    for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
+        m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
+        tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
+        at += m_v.to(tl.int32)
+
+
+@triton.jit
 def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, list_ptr, n0, n1, n2, n3, nf, m0, m1,
                     m2, m3, mf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
     """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the range
     loads without a mask; MASKED: the logits below hi only)."""
-    VEC: tl.constexpr = offs.shape[1]
-    column = tl.arange(0, VEC)[None, :]
     if MASKED:
         x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
     else:
@@ -192,13 +205,7 @@ def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, l
     m3 += tl.sum(tl.where(a3, w, 0.0), 1).to(tl.float64)
     mf += tl.sum(w, 1).to(tl.float64)
     low = tl.minimum(low, tl.min(tl.where(x > float("-inf"), key, 2147483647), 1))
-    member = a2 & ~a1
-    claimed = tl.sum(member.to(tl.int32), 1)
-    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
-    for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
-        m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
-        tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
-        at += m_v.to(tl.int32)
+    _store_members(p, a2 & ~a1, fill_ptr, list_ptr, LIST)
     return n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low
 
 
@@ -262,8 +269,6 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 @triton.jit
 def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
     """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s)."""
-    VEC: tl.constexpr = offs.shape[1]
-    column = tl.arange(0, VEC)[None, :]
     if MASKED:
         x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
     else:
@@ -275,12 +280,7 @@ def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.c
     n += tl.sum(member.to(tl.int32), 1)
     nf += tl.sum(finite.to(tl.int32), 1)
     low = tl.minimum(low, tl.min(tl.where(finite, key, 2147483647), 1))
-    claimed = tl.sum(member.to(tl.int32), 1)
-    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
-    for v in tl.static_range(VEC):  # (as `_threshold_step`'s stores)
-        m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
-        tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
-        at += m_v.to(tl.int32)
+    _store_members(p, member, fill_ptr, list_ptr, LIST)
     return n, nf, low
 
 
