@@ -346,7 +346,7 @@ def _estimate(list_ptr, pts, n_pts, top, c_top, m_top, bot, c_bot, m_bot, exact_
     # the points' key codes, above 0 for none: unsigned 32-bit (float32 keys span under 2^32 - 1)
     real = pts != INT64_MIN
     k = tl.where(real, _key_codes(pts, KEY_SHIFT)[0] + 1, 0).to(tl.uint32)
-    nbits = _bit_length(tl.max(k, 0).to(tl.int64))
+    nbits = bit_length(tl.max(k, 0).to(tl.int64))
     if by_mass:
         # each point stands for per_point tokens of its weight; the region's mass that misses
         # (heavy tokens between the points) is put at its top, where they are
@@ -493,13 +493,13 @@ def _index_search(list_ptr, n, cut, x_max, scale, u, draft, LIST: tl.constexpr):
         codes = tl.where(vals != INT64_MIN, i_max - index, -1).to(tl.int32)  # (the mass of codes >= x: the prefix
         # up to index i_max - x; int32 codes: V <= 2^30)
         last = tl.max(tl.where(e > 0, index, -1), 0)
-        x = _descend(codes, e, total * 0.0, t, _bit_length(tl.max(codes, 0).to(tl.int64)), True)[0]
+        x = _descend(codes, e, total * 0.0, t, bit_length(tl.max(codes, 0).to(tl.int64)), True)[0]
         token = tl.where(total > t, i_max - x, last)
     return token
 
 
 @triton.jit
-def _coarse_key(key, KEY_SHIFT: tl.constexpr):
+def coarse_key(key, KEY_SHIFT: tl.constexpr):
     """An int32 key without the KEY_SHIFT low bits that every value of the row's dtype leaves
     constant (`_key_codes`): one code per value, in the keys' order. FLT_MAX (a sanitized +inf,
     of no 16-bit dtype) is the code just above its dtype's largest (that of +inf); int32 still."""
@@ -507,7 +507,7 @@ def _coarse_key(key, KEY_SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _bit_length(x):
+def bit_length(x):
     """The bits of int64 x >= 0 (0 for 0 or less)."""
     b = tl.arange(0, 64).to(tl.int64)
     return tl.sum(((b < 63) & ((tl.full((64,), 1, tl.int64) << b) <= x)).to(tl.int64), 0)
@@ -558,9 +558,9 @@ def _descend_ranks(codes, goals, nbits):
 
 @triton.jit
 def _key_codes(vals, KEY_SHIFT: tl.constexpr):
-    """Packed tokens' `_coarse_key` codes less the lowest (int64; for INT64_MIN slots: any value),
+    """Packed tokens' `coarse_key` codes less the lowest (int64; for INT64_MIN slots: any value),
     and the lowest: the key codes of `_estimate` and `_list_cut`."""
-    k = _coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
+    k = coarse_key((vals >> 32).to(tl.int32), KEY_SHIFT).to(tl.int64)
     k_min = tl.min(tl.where(vals != INT64_MIN, k, INT64_MAX), 0)
     return k - k_min, k_min
 
@@ -585,7 +585,7 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     k = tl.where(real, _key_codes(vals, KEY_SHIFT)[0] + 1, 0).to(tl.uint32)  # (0: no token)
     w = tl.where(by_mass, weights32(vals, x_max, scale), real.to(tl.float32))  # (float32: the registers)
     base = tl.where(by_mass, m_hi, c_hi.to(tl.float64))
-    x = _descend(k, w, base, goal, _bit_length(tl.max(k, 0).to(tl.int64)), False)[0]
+    x = _descend(k, w, base, goal, bit_length(tl.max(k, 0).to(tl.int64)), False)[0]
     # x: the cut's key (the sum is constant between two keys of the list, so the largest code that
     # reaches the goal is a key of it); 0 where the list falls short of the goal: every token kept
     first = base >= goal  # (none kept but, for top-p, the first: see `_holds_cut`)
@@ -612,7 +612,7 @@ def _list_cut(list_ptr, n, lo, hi, c_hi, m_hi, goal, by_mass, x_max, scale, LIST
     at = tl.where(j == 1, top, bottom)
     if (j > 1) & (j < n_same):  # (ties at the cut: the j-th of that key's tokens from the top, by their indices)
         c = tl.zeros((), dtype=tl.int32)
-        nbits = _bit_length(top - bottom)
+        nbits = bit_length(top - bottom)
         for i in range(0, nbits):
             cand = c + (tl.full((), 1, tl.int32) << (nbits - 1 - i).to(tl.int32))
             c = tl.where(tl.sum((codes >= cand).to(tl.int32), 0) >= j, cand, c)
@@ -834,7 +834,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     little is live across each round's descents; passes are counted at S_PASSES."""
     LIST: tl.constexpr = 2 * BUF
     DT: tl.constexpr = row_ptr.dtype.element_ty
-    KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`_coarse_key`)
+    KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`coarse_key`)
     scale = weight_scale(temperature)
     use_p = filters(top_k, top_p, vocab)[1]
     token = tl.zeros((), dtype=tl.int64) + UNDECIDED

@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from .common import ordered_key, sanitize, unsigned_key, weight, weight_scale
-from .cut_select import listed_entries, packed_weights, select_begin
+from .cut_select import bit_length, coarse_key, listed_entries, packed_weights, select_begin
 from .sampling_rule import (INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, decide_filtered, filters, key_weight,
                             lanes_and_stats)
 from .scratch import (HOT_WORDS, S_ARG, S_BOUND, S_COUNT, S_FINITE, S_MASS, S_X_MAX, UNDECIDED, hot_of,
@@ -298,19 +298,26 @@ def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mas
 
 
 @triton.jit
-def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr):
+def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """The unsigned key of the k-th largest of `store_lanes`' E element maxima (-1 where fewer
     than k of them are finite): each is a distinct token's logit (an element's steps are its own
     tokens), so k tokens have a key at or above it, and so does every top-k token. By binary
-    lifting over the 32 key bits, one count over the E maxima a bit."""
+    lifting over the maxima's codes (`cut_select.coarse_key`: the KEY_SHIFT low bits the row's
+    dtype leaves constant dropped), from the bits the largest and the smallest share down:
+    one count over the E maxima a bit where the codes differ (~8-10 on LLM rows in bfloat16,
+    not 32), then the key of that code."""
     x = sanitize(tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)))
-    keys = tl.where(x > float("-inf"), unsigned_key(x), -1)
+    finite = x > float("-inf")
+    codes = tl.where(finite, coarse_key(ordered_key(x), KEY_SHIFT).to(tl.int64) + KEY_OFFSET, -1)  # (>= 0 finite)
+    hi = tl.max(codes, 0)
+    nbits = bit_length(hi ^ tl.min(tl.where(finite, codes, hi), 0))  # (the bits below the shared ones)
     k = top_k.to(tl.int32)
-    v = tl.zeros((), dtype=tl.int64)
-    for i in range(0, 32):
-        cand = v | (tl.full((), 1, tl.int64) << (31 - i))
-        v = tl.where(tl.sum((keys >= cand).to(tl.int32), 0) >= k, cand, v)
-    return tl.where(tl.sum((keys >= 0).to(tl.int32), 0) >= k, v, -1)
+    v = hi >> nbits << nbits  # (every finite code is at or above it: at least k of them, or no bound)
+    for i in range(0, nbits):
+        cand = v | (tl.full((), 1, tl.int64) << (nbits - 1 - i))
+        v = tl.where(tl.sum((codes >= cand).to(tl.int32), 0) >= k, cand, v)
+    key = tl.max(tl.where(codes == v, unsigned_key(x), -1), 0)  # (one key a code)
+    return tl.where(tl.sum(finite.to(tl.int32), 0) >= k, key, -1)
 
 
 @triton.jit
@@ -340,6 +347,8 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     above it), else none (the select)."""
     LANES: tl.constexpr = lane_max.shape[0]
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
+    DT: tl.constexpr = row_ptr.dtype.element_ty
+    KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`cut_select.coarse_key`)
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
     above_lanes = use_k & (top_k > LANES)
@@ -347,7 +356,7 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
         # through scratch: a bound picks the collect's slots (the package docstring's rule)
         ties = sample_ties_at_max(row_ptr, vocab, top_k, x_max)
         if (ties < 0) & needs_elements(top_k, top_p, vocab, LANES, VEC):
-            ties = element_bound(buf_ptr, top_k, LANES, LANES * VEC)
+            ties = element_bound(buf_ptr, top_k, LANES, LANES * VEC, KEY_SHIFT)
         tl.store(stats_ptr + S_BOUND, ties)
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)

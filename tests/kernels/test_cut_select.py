@@ -244,13 +244,14 @@ def _element_bound(x: torch.Tensor, k: int, block: int) -> tuple[int, int]:
     return bound, int((keys >= bound).sum())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
     """A top-k row whose k exceeds the lanes but not their elements (BLOCK 16: 4 lanes of 4
-    float32 or 2 of 8 bfloat16, 16 elements) keeps each element's max in its pass; the k-th
-    largest of them is a bound of the cut (k distinct tokens reach it), so the select's first
-    pass lists every token at or above it, and where they fit the list (64) that one pass
-    decides the row. Random rows of V = 700 (not a whole number of steps) under top-k from
+    float32 or 2 of 8 bfloat16 / float16, 16 elements) keeps each element's max in its pass; the
+    k-th largest of them is a bound of the cut (k distinct tokens reach it), so the select's
+    first pass lists every token at or above it, and where they fit the list (64) that one pass
+    decides the row. Random rows of V = 700 (not a whole number of steps; a third of them with
+    maxima on both sides of 0, one with +inf) under top-k from
     the lanes + 1 to 16, alone and with top-p, in sample_rows and dflash_verify: the bound,
     the first pass's thresholds (the region, then just below the bound's key twice) and the
     reference's tokens; rows whose tokens above the bound overflow the list (repeated
@@ -259,6 +260,8 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
     vocab, lanes = 700, BLOCK // (128 // torch.finfo(dtype).bits)
     modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 16, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
     x = torch.randn(3 * len(modes), vocab, generator=g) * 2
+    x[len(modes):2 * len(modes)] -= 4  # (element maxima on both sides of 0: keys of both signs)
+    x[len(modes), 7] = float("inf")  # (FLT_MAX once sanitized: a code of its own in 16-bit dtypes)
     x[-len(modes):] = torch.randint(0, 3, (len(modes), vocab), generator=g).float()  # ties below 3 tokens
     x[-len(modes):, 100:103] = torch.tensor([5.0, 6.0, 7.0])  # (at the max: the walk, not the select)
     logits = x.to(dtype)
