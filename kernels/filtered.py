@@ -303,20 +303,21 @@ def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr, KEY_SHIF
     than k of them are finite): each is a distinct token's logit (an element's steps are its own
     tokens), so k tokens have a key at or above it, and so does every top-k token. By binary
     lifting over the maxima's codes (`cut_select.coarse_key`: the KEY_SHIFT low bits the row's
-    dtype leaves constant dropped), from the bits the largest and the smallest share down:
-    one count over the E maxima a bit where the codes differ (~8-10 on LLM rows in bfloat16,
-    not 32), then the key of that code."""
+    dtype leaves constant dropped) less the smallest: one count over the E maxima a bit of the
+    codes' range (at most 16 in a 16-bit dtype, ~8-10 on LLM rows whose maxima share a sign;
+    32 before), then the key of that code."""
     x = sanitize(tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)))
     finite = x > float("-inf")
-    codes = tl.where(finite, coarse_key(ordered_key(x), KEY_SHIFT).to(tl.int64) + KEY_OFFSET, -1)  # (>= 0 finite)
+    codes = tl.where(finite, coarse_key(ordered_key(x), KEY_SHIFT).to(tl.int64), INT64_MIN)
     hi = tl.max(codes, 0)
-    nbits = bit_length(hi ^ tl.min(tl.where(finite, codes, hi), 0))  # (the bits below the shared ones)
+    lo = tl.min(tl.where(finite, codes, hi), 0)
+    nbits = bit_length(hi - lo)
     k = top_k.to(tl.int32)
-    v = hi >> nbits << nbits  # (every finite code is at or above it: at least k of them, or no bound)
+    d = tl.zeros((), dtype=tl.int64)  # (every finite code is at or above lo + 0: at least k of them, or no bound)
     for i in range(0, nbits):
-        cand = v | (tl.full((), 1, tl.int64) << (nbits - 1 - i))
-        v = tl.where(tl.sum((codes >= cand).to(tl.int32), 0) >= k, cand, v)
-    key = tl.max(tl.where(codes == v, unsigned_key(x), -1), 0)  # (one key a code)
+        cand = d | (tl.full((), 1, tl.int64) << (nbits - 1 - i))
+        d = tl.where(tl.sum((codes >= lo + cand).to(tl.int32), 0) >= k, cand, d)
+    key = tl.max(tl.where(codes == lo + d, unsigned_key(x), -1), 0)  # (one key a code)
     return tl.where(tl.sum(finite.to(tl.int32), 0) >= k, key, -1)
 
 
