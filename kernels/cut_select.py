@@ -92,7 +92,8 @@ GUARD = tl.constexpr(4)  # the guard thresholds: this many bracket half-widths f
 MIN_POINTS = tl.constexpr(4)  # fewer sample points than this in the region: split it instead
 BRACKETS = tl.constexpr(3)  # bracket passes per row before the splits
 ROUNDS = tl.constexpr(160)  # a guard on the loop (the bound above is far below: never reached)
-PASS_STAGES = tl.constexpr(2)
+PASS_STAGES = tl.constexpr(4)  # async-copy stages of the pass launch's passes: 3 steps in flight a program (at 2,
+# the count pass took ~20% longer and top-p rows ~5%; 8 gained nothing more: benchmarks/HISTORY.md, session 68)
 SEARCH_STEPS = tl.constexpr(8)  # pass steps per chunk of `_search_pass` (one block-wide reduction each)
 # the stages of the select, one a launch (each head's select kernel takes one as STAGE)
 SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then its first rounds
@@ -210,7 +211,8 @@ def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, l
 
 
 @triton.jit
-def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
+                    STAGES: tl.constexpr):
     """One pass over the row's logits [lo, hi): for each of the 4 packed thresholds in the row's stats
     (S_THRESHOLDS, descending), the count and mass of the finite tokens above it; the
     tokens between thresholds 2 and 1 (t2 < p <= t1) stored in the list (the first LIST to
@@ -229,6 +231,8 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     list's slots (the package docstring's rule for torch's mutation analysis)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
+    DEPTH: tl.constexpr = STAGES if row_ptr.dtype.element_ty == tl.bfloat16 else 2  # (float16 and float32: ptxas
+    # gives the pass launch a stack frame at 3 stages or more)
     lowest_inf = pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32))
     t0 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS), lowest_inf)
     t1 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 1), lowest_inf)
@@ -248,7 +252,7 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     low = tl.full((LANES,), 2147483647, dtype=tl.int32)
     fill = stats_ptr + S_FILL
     whole = lo + (hi - lo) // STEP * STEP
-    for start in tl.range(lo, whole, STEP, num_stages=PASS_STAGES):
+    for start in tl.range(lo, whole, STEP, num_stages=DEPTH):
         n0, n1, n2, n3, nf, m0, m1, m2, m3, mf, low = _threshold_step(
             row_ptr, start + grid, hi, x_max, scale, t0, t1, t2, t3, fill, list_ptr, n0, n1, n2, n3, nf, m0, m1,
             m2, m3, mf, low, LIST, False)
@@ -285,7 +289,8 @@ def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.c
 
 
 @triton.jit
-def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
+                STAGES: tl.constexpr):
     """`_threshold_pass` for a count goal whose list starts at the row's top (thresholds 0 and 1
     INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
     finite tokens above t counted and stored in the list, the row's finite count and its lowest
@@ -301,7 +306,7 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     nf = tl.zeros((LANES,), dtype=tl.int32)
     low = tl.full((LANES,), 2147483647, dtype=tl.int32)
     whole = lo + (hi - lo) // STEP * STEP
-    for start in tl.range(lo, whole, STEP, num_stages=PASS_STAGES):
+    for start in tl.range(lo, whole, STEP, num_stages=STAGES):
         n, nf, low = _count_step(row_ptr, start + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, False)
     if whole < hi:
         n, nf, low = _count_step(row_ptr, whole + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, True)
@@ -313,18 +318,21 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
 
 
 @triton.jit
-def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
+              STAGES: tl.constexpr):
     """The pass a pass round wants over the row's logits [lo, hi): `_count_pass` where the goal is
-    a count and the thresholds are its form, else `_threshold_pass`."""
+    a count and the thresholds are its form, else `_threshold_pass`. STAGES: the loads' pipeline
+    depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself, which
+    spilled at more)."""
     by_mass = load_goal(stats_ptr)[1]  # (a barrier first: stored by other threads)
     t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)  # (descending: t0 >= t1)
     t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
     if (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
         above_n, above_m, lowest, n_finite, m_finite = _count_pass(row_ptr, lo, hi, t2, stats_ptr + S_FILL, list_ptr,
-                                                                   LIST, LANES)
+                                                                   LIST, LANES, STAGES)
     else:
         above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr,
-                                                                       list_ptr, LIST, LANES)
+                                                                       list_ptr, LIST, LANES, STAGES)
     return above_n, above_m, lowest, n_finite, m_finite
 
 
@@ -864,7 +872,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 if INLINE:
                     tl.debug_barrier()  # (stored by other threads)
                     above_n, above_m, lowest, n_finite, m_finite = _row_pass(
-                        row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES)
+                        row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES, 2)
                     tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
                     tl.store(stats_ptr + S_LIST_PARTS, 0)
                     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
@@ -891,7 +899,7 @@ def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, pa
         lo = c * chunk
         above_n, above_m, lowest, n_finite, m_finite = _row_pass(
             row_ptr, lo, tl.minimum(lo + chunk, vocab), x_max, weight_scale(temperature), stats_ptr, list_ptr,
-            2 * BUF, LANES)
+            2 * BUF, LANES, PASS_STAGES)
         store_part(part_of(parts_ptr, c), above_n, above_m, lowest, n_finite, m_finite)
 
 

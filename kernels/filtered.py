@@ -306,19 +306,23 @@ def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr, KEY_SHIF
     dtype leaves constant dropped) less the smallest: one count over the E maxima a bit of the
     codes' range (at most 16 in a 16-bit dtype, ~8-10 on LLM rows whose maxima share a sign;
     32 before), then the key of that code."""
-    x = sanitize(tl.load((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)))
+    maxima = (buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)
+    x = sanitize(tl.load(maxima))
     finite = x > float("-inf")
-    codes = tl.where(finite, coarse_key(ordered_key(x), KEY_SHIFT).to(tl.int64), INT64_MIN)
-    hi = tl.max(codes, 0)
-    lo = tl.min(tl.where(finite, codes, hi), 0)
+    n_finite = tl.sum(finite.to(tl.int32), 0)
+    codes = tl.where(finite, coarse_key(ordered_key(x), KEY_SHIFT), -2147483648)  # (int32: no finite code is the least)
+    hi = tl.max(codes, 0).to(tl.int64)
+    lo = tl.min(tl.where(finite, codes, 2147483647), 0).to(tl.int64)
     nbits = bit_length(hi - lo)
     k = top_k.to(tl.int32)
     d = tl.zeros((), dtype=tl.int64)  # (every finite code is at or above lo + 0: at least k of them, or no bound)
     for i in range(0, nbits):
         cand = d | (tl.full((), 1, tl.int64) << (nbits - 1 - i))
-        d = tl.where(tl.sum((codes >= lo + cand).to(tl.int32), 0) >= k, cand, d)
-    key = tl.max(tl.where(codes == lo + d, unsigned_key(x), -1), 0)  # (one key a code)
-    return tl.where(tl.sum(finite.to(tl.int32), 0) >= k, key, -1)
+        at = tl.minimum(lo + cand, 2147483647).to(tl.int32)  # (past every code where lo + cand is not an int32)
+        d = tl.where(tl.sum((codes >= at).to(tl.int32), 0) >= k, cand, d)
+    x = sanitize(tl.load(maxima))  # (read again: only the codes were live across the lifting)
+    key = tl.max(tl.where(codes == (lo + d).to(tl.int32), unsigned_key(x), -1), 0)  # (one key a code)
+    return tl.where(n_finite >= k, key, -1)
 
 
 @triton.jit
