@@ -13,9 +13,11 @@ launches that each head makes in this order, the row's stage in its scratch (`S_
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
   does not hold the kept set.
 The rounds (~250 registers: one 8-warp program an SM; `verify.GROUP` rows a program in
-`dflash_verify`) select in the list without sorting it (`_descend`, below); the passes,
-ALU-bound, run at 4 warps and ~60-110 registers, many programs an SM, and split a row over the
-GPU when rows are few (`sample_rows`).
+`dflash_verify`) select in the list without sorting it (`_descend`, below); the passes run at
+4 warps and ~110 registers, 4 programs an SM, and split a row over the GPU when rows are few
+(`sample_rows`). A pass's time is not its instructions alone: halving the count pass's cut its
+launch by a quarter, 3 steps in flight instead of 1 another sixth, and each of a row's 16 parts
+pays its state's loads, its pipeline's fill and its sums (benchmarks/HISTORY.md, session 68).
 
 The cuts are found in SPEC.md's order, each token packed as (key, index)
 (`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
@@ -221,8 +223,8 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     above none and at or below every finite token (key << 32; INT64_MAX for none), the row's
     finite tokens and their mass).
 
-    Few instructions per logit, as `sampling_rule.lane_stats` (the pass is bound by the ALU
-    pipe, not by bytes): LANES lanes of VEC logits a step (16 bytes, one thread each),
+    Few instructions per logit, as `sampling_rule.lane_stats` (at one pass a row the pass
+    issued ~3x its memory time: ~61 SASS instructions a logit): LANES lanes of VEC logits a step (16 bytes, one thread each),
     every per-lane sum inside its thread (VEC float32 weights summed, then widened once a
     lane and step), 4 thresholds as 4 scalars (a [lanes, VEC, 4] tensor spread them over
     threads: ~250 instructions a logit on sm_90), steps whole inside the row without a mask,
@@ -295,9 +297,9 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
     finite tokens above t counted and stored in the list, the row's finite count and its lowest
     token; no weight, no mass (a count goal's rounds read none of this pass's: nothing is above
-    the list's top). Its step has about half the instructions of `_threshold_pass`'s (the pass
-    is bound by the ALU pipe: benchmarks/HISTORY.md, sessions 66-67). Returns
-    `_threshold_pass`'s values, the masses 0."""
+    the list's top). Its step has half the instructions of `_threshold_pass`'s (sm_90: 244
+    against 488 a step of 8 logits a thread; the select's pass launch 580 -> 420 us on top-k
+    1000: benchmarks/HISTORY.md, session 68). Returns `_threshold_pass`'s values, the masses 0."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
     t = tl.maximum(t, pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32)))
