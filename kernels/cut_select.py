@@ -223,11 +223,12 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     above none and at or below every finite token (key << 32; INT64_MAX for none), the row's
     finite tokens and their mass).
 
-    Few instructions per logit, as `sampling_rule.lane_stats` (at one pass a row the pass
-    issued ~3x its memory time: ~61 SASS instructions a logit): LANES lanes of VEC logits a step (16 bytes, one thread each),
-    every per-lane sum inside its thread (VEC float32 weights summed, then widened once a
-    lane and step), 4 thresholds as 4 scalars (a [lanes, VEC, 4] tensor spread them over
-    threads: ~250 instructions a logit on sm_90), steps whole inside the row without a mask,
+    Few instructions per logit, as `sampling_rule.lane_stats` (~61 SASS instructions a logit on
+    sm_90, ~3x its memory time at the H100's issue rate): LANES lanes of VEC logits a step (16
+    bytes, one thread each), every per-lane sum inside its thread (VEC float32 weights summed,
+    then widened once a lane and step), 4 thresholds as 4 scalars (a [lanes, VEC, 4] tensor
+    spread them over threads: ~250 instructions a logit on sm_90), steps whole inside the row
+    without a mask,
     the thresholds raised to at least every -inf token's packed value (the same finite
     tokens above each; no -inf above any). The thresholds come from scratch: they pick the
     list's slots (the package docstring's rule for torch's mutation analysis)."""
