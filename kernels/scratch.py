@@ -390,6 +390,14 @@ class Scratch:
         start = 2 * self.buf + HOT_WORDS.value + RESULTS.value
         return dict(zip(STAT_NAMES, self.work[row, start:start + STATS.value].tolist()))
 
+    def part_masses(self, row: int, parts: int) -> torch.Tensor:
+        """[parts, 4] float64: the mass above each threshold that each of the first `parts` parts
+        of the row's last split pass summed (`cut_select.select_pass_part`: the parts inside the
+        row, `launch.select_config`'s chunk; 0 where its pass weighs nothing)."""
+        start = 2 * self.buf + HOT_WORDS.value + RESULTS.value + STATS.value + PREFIX_WORDS.value
+        words = self.work[row, start:start + parts * PART_WORDS.value].cpu().view(parts, PART_WORDS.value)
+        return words[:, P_ABOVE_M.value:P_ABOVE_M.value + 4].contiguous().view(torch.float64)
+
     def packed_list(self, row: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `count` entries of a row's list: vocab indices and unsigned float32 keys
         (`common.unsigned_key`; int64, in the list's order)."""

@@ -254,8 +254,8 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
     maxima on both sides of 0, one with +inf) under top-k from
     the lanes + 1 to 16, alone and with top-p, in sample_rows and dflash_verify: the bound,
     the first pass's thresholds (the region, then just below the bound's key twice) and the
-    reference's tokens; rows whose tokens above the bound overflow the list (repeated
-    logits) take more passes, within the bound."""
+    reference's tokens, that one pass the count pass (its parts sum no mass); rows whose tokens
+    above the bound overflow the list (repeated logits) take more passes, within the bound."""
     g = torch.Generator().manual_seed(93)
     vocab, lanes = 700, BLOCK // (128 // torch.finfo(dtype).bits)
     modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 16, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
@@ -279,6 +279,7 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
         work = launch.scratch_for(inp["logits"], CAP, BLOCK)
         check(inp, run(*[inp[k] for k in keys], cap=CAP, block=BLOCK, scratch=work))
         fitted = overflowed = 0
+        parts = -(-vocab // launch.select_config(vocab, logits.element_size())[0])
         for r in range(n):
             st = work.stats(r)
             bound, above = _element_bound(logits[r], picked[r][1], BLOCK)
@@ -287,6 +288,8 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
             if above <= LIST and picked[r][2] == 1.0:
                 low = ((bound - 2**31) << 32) - 1
                 assert (st["passes"], st["threshold_2"], st["threshold_3"]) == (1, low, low), (r, st)
+                masses = work.part_masses(r, parts)
+                assert not masses.any(), (r, masses)  # (the count pass: no weights)
                 fitted += 1
             overflowed += above > LIST
         assert fitted >= 4 and overflowed >= 3, (fitted, overflowed)
