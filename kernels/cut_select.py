@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
-from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, load_row, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BOUND, S_BRACKETS, S_COUNT, S_FILL, S_FINITE_N, S_HAVE_LIST,
                       S_LIST_N, S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS,
                       SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts,
@@ -167,6 +167,24 @@ def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
 
 
 @triton.jit
+def _step_logits(row_ptr, offs, hi, MASKED: tl.constexpr):
+    """A pass step's sanitized logits at offs: a step whole inside the range loads without a
+    mask; MASKED, the logits below hi only (`sampling_rule.load_row`)."""
+    if MASKED:
+        x = load_row(row_ptr, offs, hi)[0]
+    else:
+        x = sanitize(tl.load(row_ptr + offs))
+    return x
+
+
+@triton.jit
+def _lowest_inf():
+    """The packed value of a -inf logit at index 0, the highest of any -inf token: the passes
+    raise their thresholds to it, so that no -inf token is above one."""
+    return pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32))
+
+
+@triton.jit
 def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
     """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
     lane claims its slots with one atomic add on the fill word (`_threshold_pass`), the first
@@ -186,10 +204,7 @@ def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, l
                     m2, m3, mf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
     """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the range
     loads without a mask; MASKED: the logits below hi only)."""
-    if MASKED:
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
-    else:
-        x = sanitize(tl.load(row_ptr + offs))
+    x = _step_logits(row_ptr, offs, hi, MASKED)
     key = ordered_key(x)
     p = pack_key(key, offs)  # (-inf above no threshold: `_threshold_pass` raised them)
     w = scaled_weight(x, x_max, scale)  # (0 for -inf)
@@ -236,7 +251,7 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
     STEP: tl.constexpr = LANES * VEC
     DEPTH: tl.constexpr = STAGES if row_ptr.dtype.element_ty == tl.bfloat16 else 2  # (float16 and float32: ptxas
     # gives the pass launch a stack frame at 3 stages or more)
-    lowest_inf = pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32))
+    lowest_inf = _lowest_inf()
     t0 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS), lowest_inf)
     t1 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 1), lowest_inf)
     t2 = tl.maximum(tl.load(stats_ptr + S_THRESHOLDS + 2), lowest_inf)
@@ -276,10 +291,7 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 @triton.jit
 def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
     """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s)."""
-    if MASKED:
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
-    else:
-        x = sanitize(tl.load(row_ptr + offs))
+    x = _step_logits(row_ptr, offs, hi, MASKED)
     key = ordered_key(x)
     p = pack_key(key, offs)
     member = p > t  # (-inf above no threshold: `_count_pass` raised it)
@@ -303,7 +315,7 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     1000: benchmarks/HISTORY.md, session 68). Returns `_threshold_pass`'s values, the masses 0."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
-    t = tl.maximum(t, pack_key(ordered_key(tl.full((), float("-inf"), tl.float32)), tl.zeros((), dtype=tl.int32)))
+    t = tl.maximum(t, _lowest_inf())
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     n = tl.zeros((LANES,), dtype=tl.int32)
     nf = tl.zeros((LANES,), dtype=tl.int32)

@@ -351,8 +351,8 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     maximum up to the elements (`element_bound`: the select's first pass lists the tokens at or
     above it), else none (the select)."""
     LANES: tl.constexpr = lane_max.shape[0]
-    VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     DT: tl.constexpr = row_ptr.dtype.element_ty
+    VEC: tl.constexpr = LANE_BITS // DT.primitive_bitwidth
     KEY_SHIFT: tl.constexpr = 16 if DT == tl.bfloat16 else 13 if DT == tl.float16 else 0  # (`cut_select.coarse_key`)
     use_k, use_p = filters(top_k, top_p, vocab)
     first, second = threshold(lane_max, lane_mass, x_max, temperature, mass, top_k, top_p, use_k, use_p, buf_ptr)
