@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
-from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, load_row, pack, pack_key
+from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BOUND, S_BRACKETS, S_COUNT, S_FILL, S_FINITE_N, S_HAVE_LIST,
                       S_LIST_N, S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS,
                       SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts,
@@ -167,17 +167,6 @@ def _holds_cut(t, above_n, above_m, goal, by_mass, n_finite):
 
 
 @triton.jit
-def _step_logits(row_ptr, offs, hi, MASKED: tl.constexpr):
-    """A pass step's sanitized logits at offs: a step whole inside the range loads without a
-    mask; MASKED, the logits below hi only (`sampling_rule.load_row`)."""
-    if MASKED:
-        x = load_row(row_ptr, offs, hi)[0]
-    else:
-        x = sanitize(tl.load(row_ptr + offs))
-    return x
-
-
-@triton.jit
 def _lowest_inf():
     """The packed value of a -inf logit at index 0, the highest of any -inf token: the passes
     raise their thresholds to it, so that no -inf token is above one."""
@@ -204,7 +193,10 @@ def _threshold_step(row_ptr, offs, hi, x_max, scale, t0, t1, t2, t3, fill_ptr, l
                     m2, m3, mf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
     """One step of `_threshold_pass`: its accumulators, updated (a step whole inside the range
     loads without a mask; MASKED: the logits below hi only)."""
-    x = _step_logits(row_ptr, offs, hi, MASKED)
+    if MASKED:
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
+    else:
+        x = sanitize(tl.load(row_ptr + offs))
     key = ordered_key(x)
     p = pack_key(key, offs)  # (-inf above no threshold: `_threshold_pass` raised them)
     w = scaled_weight(x, x_max, scale)  # (0 for -inf)
@@ -290,8 +282,13 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 
 @triton.jit
 def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
-    """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s)."""
-    x = _step_logits(row_ptr, offs, hi, MASKED)
+    """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s; the
+    load written out in each step, not a helper's: the logits pick the list's slots, and a
+    helper given the row would count it as written: the package docstring's rule)."""
+    if MASKED:
+        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
+    else:
+        x = sanitize(tl.load(row_ptr + offs))
     key = ordered_key(x)
     p = pack_key(key, offs)
     member = p > t  # (-inf above no threshold: `_count_pass` raised it)
