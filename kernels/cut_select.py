@@ -6,8 +6,9 @@ It runs after the row's first pass (which gave x_max and, for top-p alone, S), i
 launches that each head makes in this order, the row's stage in its scratch (`S_PHASE`):
 - *begin* (one program takes a few rows in turn): the row enters (`select_begin`), then its
   rounds (`select_rounds`) until one wants a pass;
-- *pass* (SELECT_SPLITS light programs a row, taken in turn by a fixed set of programs): each
-  reads one part of the row (`select_pass_part`); the next launch sums the parts (`_fold_parts`);
+- *pass* (light items, taken in turn by a fixed set of programs): each reads a span of the
+  row's SELECT_SPLITS parts (`select_pass_part`; the span from how many rows there are:
+  `pass_span_bits`); the next launch sums the spans (`_fold_parts`);
 - *rounds* (likewise): the pass folded in, then the rounds until the cut is found, any further
   pass read by this program itself (so the bound below holds within the launches);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
@@ -83,9 +84,9 @@ from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scal
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BOUND, S_BRACKETS, S_COUNT, S_FILL, S_FINITE_N, S_HAVE_LIST,
                       S_LIST_N, S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS,
-                      SELECT_SPLITS, UNDECIDED, f64_word, load_cut, load_f64, load_goal, load_list, load_parts,
-                      load_parts_mass_above, load_region, part_of, store_cut, store_goal, store_list, store_part,
-                      store_region)
+                      SELECT_SPLITS, UNDECIDED, clear_parts, f64_word, load_cut, load_f64, load_goal, load_list,
+                      load_parts, load_parts_mass_above, load_region, part_of, store_cut, store_goal, store_list,
+                      store_part, store_region)
 
 RUN = tl.constexpr(8)  # consecutive tokens per run of a sample of >= RUN_POINTS: a 32-byte sector of bf16 logits
 RUN_POINTS = tl.constexpr(1024)  # (smaller samples, test sizes: single tokens, as a bracket spans few points)
@@ -100,11 +101,12 @@ SEARCH_STEPS = tl.constexpr(8)  # pass steps per chunk of `_search_pass` (one bl
 # the stages of the select, one a launch (each head's select kernel takes one as STAGE)
 SELECT_BEGIN = tl.constexpr(0)  # a row enters the select (`select_begin`), then its first rounds
 SELECT_ROUNDS = tl.constexpr(1)  # `select_rounds`
-SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, SELECT_SPLITS programs a row
+SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, up to SELECT_SPLITS items a row
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 SPLIT_BITS = tl.constexpr(4)  # log2(SELECT_SPLITS): `_search_start`'s lifting steps
 assert 1 << SPLIT_BITS.value == SELECT_SPLITS.value
 PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
+PASS_FIXED = tl.constexpr(1)  # what a pass item costs besides its reads, in parts' reads (`pass_span_bits`)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
 LOW_BITS = tl.constexpr(4294967295)  # the packed index part: 0xFFFFFFFF - index
@@ -795,8 +797,8 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
 
 @triton.jit
 def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
-    """A split pass's parts (`select_pass_part`), summed (`scratch.load_parts`: the same sums
-    whichever program ran first), then `_narrow`."""
+    """A split pass's parts (`select_pass_part`: the first part of each span holds its counts, the
+    others none), summed (`scratch.load_parts`: the same sums whichever program ran first), then `_narrow`."""
     above_n, above_m, lowest, n_finite, m_finite = load_parts(parts_ptr, tl.arange(0, SELECT_SPLITS) * chunk < vocab)
     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
 
@@ -804,15 +806,16 @@ def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
 @triton.jit
 def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, t, LIST: tl.constexpr):
     """Where step 7's pass starts (S_SEARCH_LO, S_SEARCH_PREFIX): where the cut is in the list of a
-    split pass (S_LIST_PARTS), each part's kept mass is its mass above the list (its pass's
-    count) plus the listed kept tokens' inside it, so the pass starts at the part where the
-    prefix crosses t (t = u S_kept) and reads one part, not the row; else at the row's start.
-    Part sums and the pass's differ in order only (SPEC.md's legal difference): the pass goes on
-    past the part if its own sums cross later."""
+    split pass (S_LIST_PARTS: its span), each span's kept mass is its mass above the list (its
+    pass's count) plus the listed kept tokens' inside it, so the pass starts at the span where the
+    prefix crosses t (t = u S_kept) and reads one span, not the row; else at the row's start.
+    Span sums and the pass's differ in order only (SPEC.md's legal difference): the pass goes on
+    past the span if its own sums cross later."""
     lo = tl.zeros((), dtype=tl.int64)
     prefix = tl.zeros((), dtype=tl.float64)
     tl.debug_barrier()  # (stored by other threads)
-    if tl.load(stats_ptr + S_LIST_PARTS) != 0:
+    span = tl.load(stats_ptr + S_LIST_PARTS).to(tl.int32)
+    if span != 0:
         c = tl.arange(0, SELECT_SPLITS)
         live = c * chunk < vocab
         above = tl.cumsum(load_parts_mass_above(parts_ptr, 1, live), 0)  # (threshold 1: the list's top; parts <= c)
@@ -820,14 +823,16 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
         # pass's list: (t2, t1] only; its kept tokens)
         e = weights32(vals, x_max, scale)
         index = packed_index(vals).to(tl.int32)  # (V <= 2^30)
-        # the parts whose prefix (the parts up to them) is at most t, a run from part 0: their
-        # number m by binary lifting, one sum over the list a step; the pass starts at part m
-        # (before: the prefix of the first m parts, kept with m)
+        # the parts whose prefix (the parts up to them) is at most t, a run from part 0 that ends
+        # at a span's end: their number m by binary lifting (steps of a span or more), one sum
+        # over the list a step; the pass starts at part m (before: the prefix of the first m
+        # parts, kept with m)
         n_live = tl.sum(live.to(tl.int32), 0)
         m = tl.zeros((), dtype=tl.int32)
         before = tl.zeros((), dtype=tl.float64)
         for i in range(0, SPLIT_BITS + 1):
-            step = m + (tl.full((), SELECT_SPLITS, tl.int32) >> i)  # (16, 8, 4, 2, 1)
+            step = m + tl.maximum(tl.full((), SELECT_SPLITS, tl.int32) >> i, span)  # (16, 8, 4, 2, 1; from the span
+            # on, the span again: m + span did not fit)
             upto = (tl.sum(tl.where(c == step - 1, above, 0.0), 0)
                     + tl.sum(tl.where(index < step * chunk, e, 0.0).to(tl.float64), 0))
             fits = (step <= n_live) & (upto <= t)
@@ -846,7 +851,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     """The rounds of a row in the select (the module docstring's), from its state: a row whose
     split pass ran since it asked (PH_PASS) folds the parts first. Until the cut is found, or,
     without INLINE, until a pass round wants its pass (PH_PASS: the pass launch reads it, split
-    over SELECT_SPLITS programs); INLINE: each pass read here by this program (the last rounds
+    over its items); INLINE: each pass read here by this program (the last rounds
     launch, which finishes every row: the bound's passes). A row whose list holds its kept set
     gets its token here (step 7 from the list, its draft checked first: `_index_search`; draft -1:
     none); else PH_SEARCH (`select_search`). Returns the
@@ -863,7 +868,6 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
     if phase == PH_PASS:
         _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST)
         tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
-        tl.store(stats_ptr + S_LIST_PARTS, 1)
         phase = phase * 0 + PH_ROUNDS
     if phase == PH_ROUNDS:
         done = phase != phase
@@ -902,17 +906,50 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
 
 
 @triton.jit
-def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, parts_ptr, c, chunk, BUF: tl.constexpr,
-                     LANES: tl.constexpr):
-    """Part c of the pass a row in PH_PASS wants (`_threshold_pass` over its logits [c chunk,
-    (c + 1) chunk)): its counts to its words of `parts_of` (programs past the row's end: none)."""
+def pass_span_bits(rows, programs):
+    """log2 of the parts of a row (up to SELECT_SPLITS) that one item of the pass launch reads,
+    where `rows` rows may want a pass and `programs` programs take the items in turn: the fewest
+    waves of items times an item's time (its parts' reads plus PASS_FIXED), ties to the longer
+    items. Each item pays its state's loads, its pipeline's fill and its sums: 1024 rows over
+    528 programs read whole rows (2 waves of 17 against 32 of 2 a part at a time), 64 rows two
+    parts an item (one wave of 3). A function of the counts only, so that every program finds
+    the same span (int32: rows < 2^27)."""
+    best = tl.zeros((), dtype=tl.int32)
+    least = tl.full((), float("inf"), tl.float32)
+    waves = tl.fdiv(rows.to(tl.float32), programs.to(tl.float32))  # (a quotient a wave off where it is whole at
+    # most: an estimate; an integer division's routine took ~30 registers more in the pass launch)
+    for b in tl.static_range(SPLIT_BITS + 1):  # (span 2^b)
+        cost = tl.ceil(waves * (SELECT_SPLITS >> b)) * ((SELECT_SPLITS >> (SPLIT_BITS - b)) + PASS_FIXED)
+        best = tl.where(cost <= least, b, best)
+        least = tl.minimum(cost, least)
+    return best
+
+
+@triton.jit
+def pass_item(item, bits):
+    """(entry, first part) of item `item` of the pass launch at 2^bits parts an item: the
+    SELECT_SPLITS >> bits items of an entry (a row or a queue slot) side by side."""
+    per_entry = SPLIT_BITS - bits
+    return item >> per_entry, (item & ((1 << per_entry) - 1)) << bits
+
+
+@triton.jit
+def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, parts_ptr, c, span, chunk,
+                     BUF: tl.constexpr, LANES: tl.constexpr):
+    """Parts c to c + span - 1 of the pass a row in PH_PASS wants (`_row_pass` over its logits
+    [c chunk, (c + span) chunk)): their counts to part c's words of `parts_of`, none to the
+    others (programs past the row's end: nothing); part 0's program stores the span
+    (S_LIST_PARTS: `_search_start` starts step 7 at a span's start)."""
     tl.debug_barrier()  # (stored by other threads)
     if (tl.load(stats_ptr + S_PHASE) == PH_PASS) & (c * chunk < vocab):
         lo = c * chunk
         above_n, above_m, lowest, n_finite, m_finite = _row_pass(
-            row_ptr, lo, tl.minimum(lo + chunk, vocab), x_max, weight_scale(temperature), stats_ptr, list_ptr,
-            2 * BUF, LANES, PASS_STAGES)
+            row_ptr, lo, lo + tl.minimum(span * chunk, vocab - lo), x_max, weight_scale(temperature), stats_ptr,
+            list_ptr, 2 * BUF, LANES, PASS_STAGES)
         store_part(part_of(parts_ptr, c), above_n, above_m, lowest, n_finite, m_finite)
+        clear_parts(parts_ptr, c + 1, c + span)
+        if c == 0:
+            tl.store(stats_ptr + S_LIST_PARTS, span.to(tl.int64))
 
 
 @triton.jit

@@ -114,10 +114,11 @@ SELECT_WARPS = 4  # the sample select's pass and search launches (a lane of 16 b
 
 
 def select_config(vocab: int, itemsize: int) -> tuple[int, int]:
-    """(chunk, lanes) of the sample select's pass launch: each of a row's SELECT_SPLITS programs
-    reads `chunk` logits (a multiple of its step, `lanes` lanes of 16 bytes: one a thread at
-    SELECT_WARPS warps); the split fills the GPU with few rows (`sample_rows`) and keeps each
-    program light. A function of V only (as `split_rows`)."""
+    """(chunk, lanes) of the sample select's pass launch: a row's SELECT_SPLITS parts of `chunk`
+    logits each (a multiple of its step, `lanes` lanes of 16 bytes: one a thread at
+    SELECT_WARPS warps), an item a span of them (`cut_select.pass_span_bits`); the split fills the
+    GPU with few rows (`sample_rows`) and keeps each program light. A function of V only (as
+    `split_rows`)."""
     lanes = 32 * SELECT_WARPS
     step = lanes * (16 // itemsize)
     chunk = -(-vocab // SELECT_SPLITS.value)

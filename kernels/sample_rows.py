@@ -29,11 +29,11 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .cut_select import (PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part, select_rounds,
-                         select_search)
+from .cut_select import (PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, SPLIT_BITS, pass_item, pass_span_bits,
+                         picked_bits, select_pass_part, select_rounds, select_search)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
                      select_programs, split_rows)
-from .scratch import S_X_MAX, SELECT_SPLITS, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
+from .scratch import S_X_MAX, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
 from .sampling_rule import INT64_MAX, chunk_stats, decided_temperature, is_light, light_token_from_chunks
 
 
@@ -86,18 +86,18 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
                          STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """The sample select's later launches on the top-k / top-p rows the FILTERED instance left in
     it (`cut_select.py`): STAGE SELECT_ROUNDS (INLINE: until decided), SELECT_SEARCH (step 7),
-    a program a row, or SELECT_PASS (item (row, c): part c of the pass the row wants), whose
-    fixed number of programs take the items (rows x SELECT_SPLITS parts) in turn (as in
-    `verify.verify_filtered_kernel`).
+    a program a row, or SELECT_PASS (item (row, c): parts c to c + span - 1 of the pass the row
+    wants), whose fixed number of programs take the items (rows x SELECT_SPLITS / span spans:
+    `cut_select.pass_span_bits` from the row count) in turn (as in `verify.verify_filtered_kernel`).
     A decided row's token goes to out."""
     if STAGE == SELECT_PASS:
-        SPLIT: tl.constexpr = SELECT_SPLITS
-        items = num_rows * SPLIT
         step = tl.num_programs(0)
+        span_bits = pass_span_bits(num_rows, step)
+        items = num_rows << (SPLIT_BITS - span_bits)
         k = tl.arange(0, PICK)
         for base in range(tl.program_id(0), items, step * PICK):  # PICK items' rows checked at once, then the picked
             its = base + step * k
-            rows = its // SPLIT
+            rows = pass_item(its, span_bits)[0]
             live = its < items
             picked = live & ~is_light(tl.load(temperature_ptr + rows, mask=live, other=0.0),
                                       tl.load(top_k_ptr + rows, mask=live, other=0),
@@ -106,22 +106,23 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
             at = tl.zeros((), dtype=tl.int32)
             while bits != 0:
                 if (bits & 1) != 0:
-                    item = base + step * at
+                    row, part = pass_item(base + step * at, span_bits)
                     _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                                  out_ptr, work_ptr, vocab, select_chunk, item // SPLIT, item % SPLIT, BUF, WORK, STAGE,
-                                  INLINE, LANES)
+                                  out_ptr, work_ptr, vocab, select_chunk, row, part, 1 << span_bits, BUF, WORK,
+                                  STAGE, INLINE, LANES)
                 bits = (bits >> 1) & INT64_MAX  # (a logical shift)
                 at += 1
     else:
         _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
-                      work_ptr, vocab, select_chunk, tl.program_id(0), 0, BUF, WORK, STAGE, INLINE, LANES)
+                      work_ptr, vocab, select_chunk, tl.program_id(0), 0, 1, BUF, WORK, STAGE, INLINE, LANES)
 
 
 @triton.jit
 def _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
-                  work_ptr, vocab, select_chunk, row, part, BUF: tl.constexpr, WORK: tl.constexpr,
+                  work_ptr, vocab, select_chunk, row, part, span, BUF: tl.constexpr, WORK: tl.constexpr,
                   STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
-    """`sample_select_kernel`'s STAGE for one row (part: the pass's part)."""
+    """`sample_select_kernel`'s STAGE for one row (part, span: the pass's first part and their
+    number)."""
     row = row.to(tl.int64)
     temperature = tl.load(temperature_ptr + row)
     top_k = tl.load(top_k_ptr + row)
@@ -132,8 +133,8 @@ def _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, 
         stats = stats_of(work, BUF)
         x_max = load_f32(stats + S_X_MAX)
         if STAGE == SELECT_PASS:
-            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, select_chunk,
-                             BUF, LANES)
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, span,
+                             select_chunk, BUF, LANES)
         else:
             u = uniform(tl.load(seed_ptr + row), tl.load(position_ptr + row))
             if STAGE == SELECT_SEARCH:

@@ -90,7 +90,8 @@ S_BRACKETS = tl.constexpr(31)  # bracket passes so far
 S_FINITE_N = tl.constexpr(32)  # the row's finite tokens (V, an upper bound, until a pass has counted them)
 S_FILL = tl.constexpr(33)  # the entries a pass has listed so far (its lanes' atomic adds)
 S_PHASE = tl.constexpr(34)  # where a row is in `cut_select`'s launches: a PH_* below (0: not in the select)
-S_LIST_PARTS = tl.constexpr(35)  # 1: the last pass was split (`parts_of` holds each part's mass above the list)
+S_LIST_PARTS = tl.constexpr(35)  # the last pass's span where it was split (the first part of each span of
+# `parts_of` holds its mass above the list: `cut_select.pass_span_bits`), 0 where the rounds read it whole
 S_SEARCH_LO = tl.constexpr(36)  # where step 7's pass starts (the part where the prefix crosses t) ...
 S_SEARCH_PREFIX = tl.constexpr(37)  # ... and the kept mass before it (float64)
 STAT_NAMES = ("count", "x_max_bits", "arg", "finite_lanes", "mass_bits", "bound", "passes", "threshold_0",
@@ -106,8 +107,8 @@ PH_ROUNDS = tl.constexpr(1)  # its rounds go on in the next rounds launch
 PH_PASS = tl.constexpr(2)  # it wants a pass (S_THRESHOLDS): the next pass launch's programs each read a part
 PH_SEARCH = tl.constexpr(3)  # its cut is found: the search launch finds its token (step 7)
 
-# A select row's pass parts (`parts_of`): the pass launch's SELECT_SPLITS programs of a row each store
-# PART_WORDS (`store_part`, `load_parts`)
+# A select row's pass parts (`parts_of`): the pass launch's items of a row each store PART_WORDS in the
+# first part of their span (`store_part`, `load_parts`)
 SELECT_SPLITS = tl.constexpr(16)
 P_ABOVE_N = tl.constexpr(0)  # 4 words: the count above each of the pass's thresholds ...
 P_ABOVE_M = tl.constexpr(4)  # ... 4 words: the mass above each (float64)
@@ -115,6 +116,7 @@ P_LOWEST = tl.constexpr(8)  # at or below every finite token of the part (`cut_s
 P_FINITE_N = tl.constexpr(9)  # the part's finite tokens ...
 P_FINITE_M = tl.constexpr(10)  # ... and their mass (float64)
 PART_WORDS = tl.constexpr(11)
+assert PART_WORDS.value <= 16  # (`clear_parts` writes a part as 16 words, masked)
 
 # `dflash_verify`'s words of a pair slot (`verify_of`)
 V_MISS = tl.constexpr(0)  # 1: the row's token is certainly not its draft (`sampling_rule.certain_miss`), so
@@ -176,6 +178,16 @@ def store_part(part, above_n, above_m, lowest, n_finite, m_finite):
     tl.store(part + P_LOWEST, lowest)
     tl.store(part + P_FINITE_N, n_finite)
     tl.store(part + P_FINITE_M, f64_word(m_finite))
+
+
+@triton.jit
+def clear_parts(parts, first, last):
+    """Parts first to last - 1 as parts with no token (counts and masses 0, lowest INT64_MAX):
+    a pass item that read them with part first - 1 stored its counts there (`store_part`)."""
+    c = tl.arange(0, SELECT_SPLITS)[:, None]
+    w = tl.arange(0, 16)[None, :]
+    tl.store(parts + c * PART_WORDS + w, tl.where(w == P_LOWEST, 9223372036854775807, 0),
+             mask=(c >= first) & (c < last) & (w < PART_WORDS))
 
 
 @triton.jit

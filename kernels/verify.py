@@ -56,14 +56,14 @@ from .common import owner_layout, pair_of_slot, uniform, weight
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, decide_config, filtered_rows_config,
                      launch_config, prefix_chunks, select_config, select_programs)
-from .cut_select import (PICK, SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, picked_bits, select_pass_part,
-                         select_rounds, select_search)
+from .cut_select import (SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, SPLIT_BITS, pass_item, pass_span_bits,
+                         select_pass_part, select_rounds, select_search)
 from .filtered import bound_and_collect, filtered_token, load_lanes, needs_elements, needs_mass, store_lanes
 from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER,
-                      SELECT_SPLITS, UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
+                      UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
                       parts_of, prefixes_of, results_of, scratch_width, stats_of, store_moot, store_pair,
                       store_results, stored_pair, verify_of)
-from .sampling_rule import (INT64_MAX, LANE_BITS, certain_miss, decide_light, decided_temperature, is_light,
+from .sampling_rule import (LANE_BITS, certain_miss, decide_light, decided_temperature, is_light,
                             lanes_and_stats, light_decision, light_token_from_prefixes, load_row, valid_draft)
 
 BLOCK_O = 256  # owners per step of the layout loops (1024: the walk's int64 vectors set the light launch's registers)
@@ -219,55 +219,47 @@ def verify_filtered_kernel(logits_ptr, stride, start_position_ptr, temperature_p
                            STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
     """Each row the FILTERED row launch marked FILTERED_ROW, decided by the sample select
     (`cut_select.py`), one STAGE of it a launch: SELECT_BEGIN (the row enters it, then its first
-    rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (slot, c):
-    part c of the pass the row wants) or SELECT_SEARCH (step 7). A decided row's token goes to
-    its results. Programs: the search's, one a pair slot; begin's and the rounds', one for
-    GROUP pair slots (a batch with no such rows pays an eighth of the waves), taking the
-    entries of the select's queue (the slots the FILTERED launch left to the select, in the
-    order they came; its length in one load) strided by the grid, so that the queued rows go
-    to different programs, side by side, however few and wherever they are (one top-p owner in
-    a batch of greedy ones; each owner's first row, its later ones moot); the pass',
-    a fixed number (`launch.select_programs`) taking its items (slots x SELECT_SPLITS parts)
-    in turn, PICK marks in one load, so that such a batch pays one wave, not 16 programs a
-    slot (a loop over all slots around the rounds, at their registers, spills)."""
+    rounds), SELECT_ROUNDS (its next rounds; INLINE: until decided), SELECT_PASS (item (entry, c):
+    parts c to c + span - 1 of the pass the queue entry's row wants) or SELECT_SEARCH (step 7).
+    A decided row's token goes to its results. Programs: the search's, one a pair slot; begin's
+    and the rounds', one for GROUP pair slots (a batch with no such rows pays an eighth of the
+    waves), taking the entries of the select's queue (the slots the FILTERED launch left to the
+    select, in the order they came; its length in one load) strided by the grid, so that the
+    queued rows go to different programs, side by side, however few and wherever they are (one
+    top-p owner in a batch of greedy ones; each owner's first row, its later ones moot); the
+    pass', a fixed number (`launch.select_programs`) taking its items (the queue's entries x
+    SELECT_SPLITS / span spans: `cut_select.pass_span_bits`, from the queue's length) in turn,
+    so that such a batch pays one wave, not 16 programs a slot (a loop over all slots around
+    the rounds, at their registers, spills)."""
     if STAGE == SELECT_PASS:
-        SPLIT: tl.constexpr = SELECT_SPLITS
-        items = num_rows * SPLIT
+        queued = tl.load(verify_of(work_ptr, BUF) + V_QUEUED).to(tl.int32)
         step = tl.num_programs(0)
-        k = tl.arange(0, PICK)
-        for base in range(tl.program_id(0), items, step * PICK):  # PICK items' marks in one load, then the marked
-            its = base + step * k
-            marks = tl.load(results_of(work_ptr + (its // SPLIT).to(tl.int64) * WORK, BUF) + R_TOKEN, mask=its < items,
-                            other=0)
-            marked = (its < items) & (marks == FILTERED_ROW)
-            bits = picked_bits(marked)
-            at = tl.zeros((), dtype=tl.int32)
-            while bits != 0:
-                if (bits & 1) != 0:
-                    item = base + step * at
-                    _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                                  seed_ptr, work_ptr, vocab, chunk, item // SPLIT, item % SPLIT, BLOCK, BUF, WORK,
-                                  STAGE, INLINE, LANES)
-                bits = (bits >> 1) & INT64_MAX  # (a logical shift)
-                at += 1
+        span_bits = pass_span_bits(queued, step)
+        items = queued << (SPLIT_BITS - span_bits)
+        for item in range(tl.program_id(0), items, step):  # (`_select_stage` checks the mark)
+            entry, part = pass_item(item, span_bits)
+            slot = tl.load(verify_of(work_ptr + entry.to(tl.int64) * WORK, BUF) + V_QUEUE)
+            _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
+                          work_ptr, vocab, chunk, slot, part, 1 << span_bits, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
     elif STAGE == SELECT_SEARCH:
         _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                      vocab, chunk, tl.program_id(0), 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+                      vocab, chunk, tl.program_id(0), 0, 1, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
     else:  # (begin and rounds: the queue's entries, strided by the grid; `_select_stage` checks each mark)
         queued = tl.load(verify_of(work_ptr, BUF) + V_QUEUED).to(tl.int32)
         entry = tl.program_id(0)
         while entry < queued:
             slot = tl.load(verify_of(work_ptr + entry.to(tl.int64) * WORK, BUF) + V_QUEUE)
             _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                          work_ptr, vocab, chunk, slot, 0, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
+                          work_ptr, vocab, chunk, slot, 0, 1, BLOCK, BUF, WORK, STAGE, INLINE, LANES)
             entry += tl.num_programs(0)
 
 
 @triton.jit
 def _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, work_ptr,
-                  vocab, chunk, slot, part, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
+                  vocab, chunk, slot, part, span, BLOCK: tl.constexpr, BUF: tl.constexpr, WORK: tl.constexpr,
                   STAGE: tl.constexpr, INLINE: tl.constexpr, LANES: tl.constexpr):
-    """`verify_filtered_kernel`'s STAGE for one pair slot (part: the pass's part)."""
+    """`verify_filtered_kernel`'s STAGE for one pair slot (part, span: the pass's first part and
+    their number)."""
     work = work_ptr + slot.to(tl.int64) * WORK
     results = results_of(work, BUF)
     if tl.load(results + R_TOKEN) == FILTERED_ROW:
@@ -276,8 +268,8 @@ def _select_stage(logits_ptr, stride, start_position_ptr, temperature_ptr, top_k
         stats = stats_of(work, BUF)
         x_max = load_f32(stats + S_X_MAX)
         if STAGE == SELECT_PASS:
-            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, chunk, BUF,
-                             LANES)
+            select_pass_part(row_ptr, vocab, temperature, x_max, work, stats, parts_of(work, BUF), part, span, chunk,
+                             BUF, LANES)
         else:
             u = uniform(tl.load(seed_ptr + owner), tl.load(start_position_ptr + owner) + j + 1)
             top_k = tl.load(top_k_ptr + owner)

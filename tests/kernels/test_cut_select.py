@@ -314,12 +314,35 @@ def test_dflash_verify_decides_the_rows_its_filtered_launch_leaves():
         check_verify(inp, verify_kernel.launch(*[inp[k] for k in VERIFY_KEYS], cap=CAP, block=BLOCK))
 
 
-def test_step_7_starts_in_the_part_where_the_prefix_crosses():
-    """After a split pass whose list holds the cut, step 7's pass starts at the part (of
-    SELECT_SPLITS) where the kept prefix crosses t, with the kept mass before it (each part's
-    mass above the list, counted by the pass, plus the listed kept tokens in it): flat rows of
-    V = 6000 float32 (12 parts of 512 logits) under top-p, whose kept sets span every part. The
-    reference's tokens, and starts past the first part for most rows."""
+@triton.jit
+def _pass_span_kernel(rows_ptr, programs_ptr, out_ptr):
+    i = tl.program_id(0)
+    tl.store(out_ptr + i, 1 << cut_select.pass_span_bits(tl.load(rows_ptr + i), tl.load(programs_ptr + i)))
+
+
+def test_pass_span_takes_the_fewest_waves_of_items():
+    """The pass launch's span (parts of a row an item reads): the fewest waves of items times an
+    item's time (its parts plus PASS_FIXED = 1), ties to the longer items. 1024 rows over 528
+    programs (an H100's): whole rows (2 waves of 17 parts' time, against 32 of 2 a part at a
+    time); 64 rows: 2 parts (one wave of 3); one row: a part an item (one wave of 2)."""
+    cases_ = {(1024, 528): 16, (64, 528): 2, (1, 528): 1, (8, 4): 16, (8, 32): 4, (8, 128): 1, (0, 528): 16,
+              (600, 528): 4, (100, 528): 4}
+    rows = torch.tensor([r for r, _ in cases_], dtype=torch.int32, device=DEVICE)
+    programs = torch.tensor([p for _, p in cases_], dtype=torch.int32, device=DEVICE)
+    out = torch.empty(len(cases_), dtype=torch.int32, device=DEVICE)
+    _pass_span_kernel[(len(cases_),)](rows, programs, out)
+    assert dict(zip(cases_, out.tolist())) == cases_
+
+
+@pytest.mark.parametrize("programs, span", [(128, 1), (32, 4)])
+def test_step_7_starts_in_the_span_where_the_prefix_crosses(monkeypatch, programs, span):
+    """After a split pass whose list holds the cut, step 7's pass starts at the span of parts
+    (of SELECT_SPLITS; `cut_select.pass_span_bits`: 1 or 4 parts from the pass launch's programs)
+    where the kept prefix crosses t, with the kept mass before it (each span's mass above the
+    list, counted by the pass, plus the listed kept tokens in it): flat rows of V = 6000 float32
+    (12 parts of 512 logits) under top-p, whose kept sets span every part. The reference's
+    tokens, the span stored, and starts past the first span for most rows."""
+    monkeypatch.setattr(sample_rows_kernel, "select_programs", lambda device: programs)
     g = torch.Generator().manual_seed(65)
     n, vocab = 8, 6000
     modes = {"top-p 0.9": (1.0, 0, 0.9), "top-p 0.8": (1.3, 0, 0.8)}
@@ -329,9 +352,9 @@ def test_step_7_starts_in_the_part_where_the_prefix_crosses():
     check_samples(inp, got)
     stats = [scratch.stats(r) for r in range(n)]
     chunk, _ = launch.select_config(vocab, 4)
-    assert [(st["passes"], st["list_parts"]) for st in stats] == [(2, 1)] * n  # (the bracket pass, step 7's)
+    assert [(st["passes"], st["list_parts"]) for st in stats] == [(2, span)] * n  # (the bracket pass, step 7's)
     starts = [st["search_lo"] for st in stats]
-    assert all(s % chunk == 0 and s <= int(got[r]) for r, s in enumerate(starts)), (starts, got.tolist())
+    assert all(s % (span * chunk) == 0 and s <= int(got[r]) for r, s in enumerate(starts)), (starts, got.tolist())
     assert sum(s > 0 for s in starts) >= n // 2, starts
 
 
