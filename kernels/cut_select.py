@@ -105,7 +105,6 @@ SELECT_PASS = tl.constexpr(2)  # `select_pass_part`, up to SELECT_SPLITS items a
 SELECT_SEARCH = tl.constexpr(3)  # `select_search`
 SPLIT_BITS = tl.constexpr(4)  # log2(SELECT_SPLITS): `_search_start`'s lifting steps
 assert 1 << SPLIT_BITS.value == SELECT_SPLITS.value
-PICK = tl.constexpr(64)  # items a program of the pass launch checks in one load (then only the marked ones)
 PASS_FIXED = tl.constexpr(1)  # what a pass item costs besides its reads, in parts' reads (`pass_span_bits`)
 PASS_LANES = tl.constexpr(256)  # lanes of a pass step (4 KB of logits: a lane a thread at 8 warps)
 SAMPLE_CHUNK = tl.constexpr(1024)  # sample points gathered per step (`_store_sample`: independent loads)
@@ -763,16 +762,6 @@ def _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST: tl.co
         m_last = tl.sum(tl.where(q == 2, above_m, 0.0), 0)
         store_list(stats_ptr, stored, tl.sum(tl.where(q == 2, t, 0), 0), tl.sum(tl.where(q == 1, t, 0), 0), c_first,
                    m_first, c_first + stored, m_last)
-
-
-@triton.jit
-def picked_bits(picked):
-    """[N] flags (N <= 64) as the bits of one int64 (flag k: bit k; shift it right logically):
-    the select launches' loops over the items picked among the N they checked in one load, one
-    reduction for all of them."""
-    N: tl.constexpr = picked.shape[0]
-    k = tl.arange(0, N).to(tl.int64)
-    return tl.sum(tl.where(picked, tl.full((N,), 1, tl.int64) << k, 0), 0)
 
 
 @triton.jit

@@ -29,12 +29,12 @@ from torch.library import triton_op, wrap_triton
 from .launch import supports  # noqa: F401  (this head's domain: the one in launch.py)
 from .common import uniform
 from .filtered import filtered_pass, filtered_token
-from .cut_select import (PICK, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, SPLIT_BITS, pass_item, pass_span_bits,
-                         picked_bits, select_pass_part, select_rounds, select_search)
+from .cut_select import (SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, SPLIT_BITS, pass_item, pass_span_bits,
+                         select_pass_part, select_rounds, select_search)
 from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, launch_config, select_config,
                      select_programs, split_rows)
 from .scratch import S_X_MAX, UNDECIDED, Scratch, load_f32, parts_of, scratch_width, stats_of
-from .sampling_rule import INT64_MAX, chunk_stats, decided_temperature, is_light, light_token_from_chunks
+from .sampling_rule import chunk_stats, decided_temperature, is_light, light_token_from_chunks
 
 
 @triton.jit
@@ -94,24 +94,10 @@ def sample_select_kernel(logits_ptr, stride, position_ptr, temperature_ptr, top_
         step = tl.num_programs(0)
         span_bits = pass_span_bits(num_rows, step)
         items = num_rows << (SPLIT_BITS - span_bits)
-        k = tl.arange(0, PICK)
-        for base in range(tl.program_id(0), items, step * PICK):  # PICK items' rows checked at once, then the picked
-            its = base + step * k
-            rows = pass_item(its, span_bits)[0]
-            live = its < items
-            picked = live & ~is_light(tl.load(temperature_ptr + rows, mask=live, other=0.0),
-                                      tl.load(top_k_ptr + rows, mask=live, other=0),
-                                      tl.load(top_p_ptr + rows, mask=live, other=1.0), vocab)
-            bits = picked_bits(picked)
-            at = tl.zeros((), dtype=tl.int32)
-            while bits != 0:
-                if (bits & 1) != 0:
-                    row, part = pass_item(base + step * at, span_bits)
-                    _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr,
-                                  out_ptr, work_ptr, vocab, select_chunk, row, part, 1 << span_bits, BUF, WORK,
-                                  STAGE, INLINE, LANES)
-                bits = (bits >> 1) & INT64_MAX  # (a logical shift)
-                at += 1
+        for item in range(tl.program_id(0), items, step):  # (`_sample_stage` skips a light row's)
+            row, part = pass_item(item, span_bits)
+            _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
+                          work_ptr, vocab, select_chunk, row, part, 1 << span_bits, BUF, WORK, STAGE, INLINE, LANES)
     else:
         _sample_stage(logits_ptr, stride, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, out_ptr,
                       work_ptr, vocab, select_chunk, tl.program_id(0), 0, 1, BUF, WORK, STAGE, INLINE, LANES)
