@@ -17,8 +17,9 @@ The rounds (~250 registers: one 8-warp program an SM; `verify.GROUP` rows a prog
 `dflash_verify`) select in the list without sorting it (`_descend`, below); the passes run at
 4 warps and ~110 registers, 4 programs an SM, and split a row over the GPU when rows are few
 (`sample_rows`). A pass's time is not its instructions alone: halving the count pass's cut its
-launch by a quarter, 3 steps in flight instead of 1 another sixth, and each of a row's 16 parts
-pays its state's loads, its pipeline's fill and its sums (benchmarks/HISTORY.md, session 68).
+launch by a quarter, 3 steps in flight instead of 1 another sixth (5 gained nothing more), and
+each item pays its state's loads, its pipeline's fill and its sums: whole rows an item where
+the rows are many cut the launch by an eighth (benchmarks/HISTORY.md, sessions 68-69).
 
 The cuts are found in SPEC.md's order, each token packed as (key, index)
 (`sampling_rule.pack`: descending is the order, ties at the cut in index order included), so
@@ -787,7 +788,8 @@ def select_begin(vocab, top_k, top_p, mass, listed, bound, stats_ptr, BUF: tl.co
 @triton.jit
 def _fold_parts(stats_ptr, parts_ptr, vocab, chunk, LIST: tl.constexpr):
     """A split pass's parts (`select_pass_part`: the first part of each span holds its counts, the
-    others none), summed (`scratch.load_parts`: the same sums whichever program ran first), then `_narrow`."""
+    others none), summed (`scratch.load_parts`: the same sums whichever program ran first), then
+    `_narrow`."""
     above_n, above_m, lowest, n_finite, m_finite = load_parts(parts_ptr, tl.arange(0, SELECT_SPLITS) * chunk < vocab)
     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
 
@@ -902,7 +904,7 @@ def pass_span_bits(rows, programs):
     items. Each item pays its state's loads, its pipeline's fill and its sums: 1024 rows over
     528 programs read whole rows (2 waves of 17 against 32 of 2 a part at a time), 64 rows two
     parts an item (one wave of 3). A function of the counts only, so that every program finds
-    the same span (int32: rows < 2^27)."""
+    the same span."""
     best = tl.zeros((), dtype=tl.int32)
     least = tl.full((), float("inf"), tl.float32)
     waves = tl.fdiv(rows.to(tl.float32), programs.to(tl.float32))  # (a quotient a wave off where it is whole at
