@@ -821,9 +821,9 @@ def _search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scal
         n_live = tl.sum(live.to(tl.int32), 0)
         m = tl.zeros((), dtype=tl.int32)
         before = tl.zeros((), dtype=tl.float64)
-        for i in range(0, SPLIT_BITS + 1):
-            step = m + tl.maximum(tl.full((), SELECT_SPLITS, tl.int32) >> i, span)  # (16, 8, 4, 2, 1; from the span
-            # on, the span again: m + span did not fit)
+        span_bits = (span >= 2).to(tl.int32) + (span >= 4) + (span >= 8) + (span >= 16)  # (a power of two <= 16)
+        for i in range(0, tl.full((), SPLIT_BITS + 1, tl.int32) - span_bits):
+            step = m + (tl.full((), SELECT_SPLITS, tl.int32) >> i)  # (16, 8, 4, 2, 1: down to the span)
             upto = (tl.sum(tl.where(c == step - 1, above, 0.0), 0)
                     + tl.sum(tl.where(index < step * chunk, e, 0.0).to(tl.float64), 0))
             fits = (step <= n_live) & (upto <= t)
