@@ -389,7 +389,7 @@ def launcher_with(wrap, edit):
 
 def empty_launches(say, bw: float) -> dict:
     """An all-greedy dflash_verify call at KINDS_SHAPE (peaked bf16 rows), then the same with the
-    launches that have nothing to do in it (the FILTERED row launch, the select's four) dropped
+    launches that have nothing to do in it (the FILTERED row launch, the select's six) dropped
     in turn and all together, by a patched launcher (graph-captured); the argmax op and one
     torch.amax read beside them: what the top-k / top-p path costs a batch without such rows
     (issue #25's greedy target). Returns {case: us}."""
@@ -414,8 +414,8 @@ def empty_launches(say, bw: float) -> dict:
     drops = {"the FILTERED row launch": filtered, "the select's begin": stage(SELECT_BEGIN.value),
              "the select's pass": stage(SELECT_PASS.value), "the select's rounds": stage(SELECT_ROUNDS.value),
              "the select's search": stage(SELECT_SEARCH.value),
-             "the select's four": lambda kernel, options: kernel is verify.verify_filtered_kernel,
-             "all five": lambda kernel, options: filtered(kernel, options) or kernel is verify.verify_filtered_kernel}
+             "the select's six": lambda kernel, options: kernel is verify.verify_filtered_kernel,
+             "all seven": lambda kernel, options: filtered(kernel, options) or kernel is verify.verify_filtered_kernel}
     say()
     say(f"dflash_verify on {owners} x {ROWS_PER_OWNER} greedy rows (peaked, V = {vocab}, bfloat16), each launch with "
         f"nothing to do dropped (x floor, {floor_ms * 1e3:.0f} us)")

@@ -85,7 +85,8 @@ def ttir_ops(source: ASTSource, warps: int) -> int:
 
 
 # the sample select's launches as the heads make them: (STAGE, INLINE, warps; None: the filtered config's)
-SELECT_STAGES = ((cut_select.SELECT_BEGIN.value, False, None), (cut_select.SELECT_ROUNDS.value, True, None),
+SELECT_STAGES = ((cut_select.SELECT_BEGIN.value, False, None), (cut_select.SELECT_ROUNDS.value, False, None),
+                 (cut_select.SELECT_ROUNDS.value, True, None),
                  (cut_select.SELECT_PASS.value, False, SELECT_WARPS),
                  (cut_select.SELECT_SEARCH.value, False, SELECT_WARPS))
 

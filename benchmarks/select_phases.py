@@ -29,7 +29,8 @@ import tempfile
 STEPS = ("list_round", "thresholds", "sample", "estimate", "inline_pass", "narrow", "index_search", "search_start",
          "fold", "rounds", "begin_total", "rounds_total", "search_total", "pass_total",
          "select_rows")  # (cycles, except the counts: rounds; select_rows: 1 for a row that entered; the
-# thresholds' time holds the sample's and the estimate's)
+# thresholds' time holds the sample's and the estimate's; begin_total: the rounds of every launch but the last,
+# the first rounds launch's too, rounds_total: the last's)
 FIRST = 38  # the unpatched scratch's STATS: the words the patch adds start here
 COUNTS = ("rounds", "select_rows")
 CASES = (("flat", "top-p 0.9"), ("peaked", "top-p 0.9"), ("power-law", "top-p 0.95"), ("flat", "top-k 1000"),

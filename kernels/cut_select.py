@@ -2,15 +2,19 @@
 passes over the row: the sample select (issue #25; designed and simulated in
 `benchmarks/simulate_sample_select.py`).
 
-It runs after the row's first pass (which gave x_max and, for top-p alone, S), in four
-launches that each head makes in this order, the row's stage in its scratch (`S_PHASE`):
+It runs after the row's first pass (which gave x_max and, for top-p alone, S), in six
+launches that each head makes in this order (`sample_rows`: its FILTERED launch begins), the
+row's stage in its scratch (`S_PHASE`):
 - *begin* (one program takes a few rows in turn): the row enters (`select_begin`), then its
   rounds (`select_rounds`) until one wants a pass;
 - *pass* (light items, taken in turn by a fixed set of programs): each reads a span of the
   row's SELECT_SPLITS parts (`select_pass_part`; the span from how many rows there are:
   `pass_span_bits`); the next launch sums the spans (`_fold_parts`);
-- *rounds* (likewise): the pass folded in, then the rounds until the cut is found, any further
-  pass read by this program itself (so the bound below holds within the launches);
+- *rounds* (likewise): the pass folded in, then the rounds until the cut is found or another
+  pass is wanted; then *pass* and *rounds* again, the last rounds reading any further pass in
+  this program itself (so the bound below holds within the launches: rows whose list
+  overflowed, as float32 rows of many ties under top-k 1000, read their second pass split
+  over the GPU, not one program an SM);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
   does not hold the kept set.
 The rounds (~250 registers: one 8-warp program an SM; `verify.GROUP` rows a program in

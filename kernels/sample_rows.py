@@ -163,6 +163,8 @@ def launch(logits, position, temperature, top_k, top_p, seed, cap: int | None = 
                 num_warps=SELECT_WARPS if light else heavy.warps)
 
         select(SELECT_PASS)
+        select(SELECT_ROUNDS)  # (a row that wants another pass: the pass launch again, split over the GPU)
+        select(SELECT_PASS)
         select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
         select(SELECT_SEARCH)
     return out

@@ -29,11 +29,11 @@ Algorithm, four steps (no host synchronisation between their launches):
    at the max (`filtered.max_ties_token`), else queued for the select. The row's first pass
    stays in launch 1, at that launch's occupancy: the FILTERED instance needs more registers,
    and the pass there ran slower (benchmarks/HISTORY.md, sessions 13-22's tables).
-3. `verify_filtered_kernel` (not for the greedy op), four launches, one stage of the sample
-   select each (`cut_select.py`: begin, pass, rounds, search): the decision of each top-k /
-   top-p row launch 2 left undecided, from its candidates, then passes over the row (a
-   number the design bounds), in launches of their own so that the launches above keep their
-   occupancy; the passes split over light programs.
+3. `verify_filtered_kernel` (not for the greedy op), six launches, one stage of the sample
+   select each (`cut_select.py`: begin, pass, rounds, pass, rounds, search): the decision of
+   each top-k / top-p row launch 2 left undecided, from its candidates, then passes over the
+   row (a number the design bounds), in launches of their own so that the launches above keep
+   their occupancy; the passes split over light programs.
 4. `verify_accept_kernel`, one program per owner: the first unmatched j (the last row
    never matches: no draft follows it), then y there: a temperature-only row searches
    only the chunk where its prefix mass crosses t
@@ -374,6 +374,8 @@ def launch(logits, tokens, offsets, start_position, temperature, top_k, top_p, s
                     INLINE=inline, LANES=select_lanes, num_warps=SELECT_WARPS if light else heavy.warps)
 
             select(SELECT_BEGIN)
+            select(SELECT_PASS)
+            select(SELECT_ROUNDS)  # (a row that wants another pass: the pass launch again, split over the GPU)
             select(SELECT_PASS)
             select(SELECT_ROUNDS, inline=True)  # (every row left decided: the design's bound)
             select(SELECT_SEARCH)
