@@ -13,12 +13,14 @@ that decides the light rows (its occupancy), which leaves the lanes in scratch
   A bound at the row's max (k or more tokens tie there, e.g. a row of one repeated logit)
   with no list: the k lowest indices holding it are the top-k set (`max_ties_token`). For
   k above the lanes, a sample of the row tells such a row (`sample_ties_at_max`); else, up
-  to the lanes' elements (LANES x VEC: 2048 in `dflash_verify`'s bfloat16 pass), the pass
-  keeps each element's max too (`needs_elements`; an element's steps are tokens of their
-  own), and the k-th largest of them bounds the same way (`element_bound`): no list (the
-  collect reads whole lanes), but the select's first pass lists every token at or above it
-  (`cut_select._thresholds`): the top-k set and the tokens that share its elements' steps,
-  where they fit the list one pass; above the elements, no bound (the select).
+  to the elements (`element_count`: 2048 at V = 151936, 4096 in `sample_rows`' bfloat16
+  pass), the pass keeps each
+  element's max too (`needs_elements`; an element is one place of the steps in one segment
+  of the row, `element_chunk`: its tokens are its own), and the k-th largest of them bounds
+  the same way (`element_bound`): no list (the collect reads whole lanes), but the select's
+  first pass lists every token at or above it (`cut_select._thresholds`): the top-k set and
+  the tokens that share its elements, where they fit the list one pass; above the elements,
+  no bound (the select).
 - top-p alone: the tokens with key >= theta are a prefix of SPEC.md's order; once its
   mass reaches top_p * S, every later token has C(r-1) >= top_p * S and the nucleus lies
   inside. The largest lane maximum whose lane maxima's weights reach the target (1e-5
@@ -233,12 +235,12 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
                   STAGES: tl.constexpr, BUF: tl.constexpr):
     """The HBM work of a filtered row in one program: `filtered_lanes`, then `bound_and_collect`."""
     lane_max, lane_mass, x_max, arg, finite, mass, elem_max = filtered_lanes(row_ptr, vocab, temperature, top_k,
-                                                                             top_p, BLOCK, STAGES)
+                                                                             top_p, buf_ptr, BLOCK, STAGES, BUF)
     # Through scratch, as `dflash_verify`'s launches hand them over: the bound they give picks the
     # collect's slots, and a helper's result would count as a write to the row for torch's
     # mutation analysis (the package docstring).
     store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF, elem_max,
-                needs_elements(top_k, top_p, vocab, elem_max.shape[0], elem_max.shape[1]))
+                needs_elements(top_k, top_p, vocab, lane_max.shape[0], BLOCK, BUF), vocab)
     tl.debug_barrier()  # stored by other threads
     lane_max, lane_mass, x_max, arg, finite, mass = load_lanes(buf_ptr, stats_ptr, lane_max.shape[0])
     bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_mass, x_max, arg, finite, mass,
@@ -246,19 +248,22 @@ def filtered_pass(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, stats_ptr,
 
 
 @triton.jit
-def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def filtered_lanes(row_ptr, vocab, temperature, top_k, top_p, buf_ptr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                   BUF: tl.constexpr):
     """A filtered row's pass: (lane maxima, lane masses, x_max, arg, lanes holding a finite logit,
     mass S). The mass only for top-p alone: with top-k, S_k is the top-k set's own (from its
     candidates), and `decide_filtered` never reads S there (`cut_select` sums what it needs).
     No finite count either (3 instructions per logit): `cut_select`'s passes count it where it
     is needed; `finite` > 0 iff the row has a finite logit.
-    The element maxima for a top-k row whose k exceeds the lanes (`needs_elements`).
+    The element maxima for a top-k row whose k exceeds the lanes (`needs_elements`): all but the
+    last segment's stored in buf_ptr's list as the pass goes (`store_lanes`' layout).
     (`verify_rows_kernel` runs the same `lanes_and_stats` in the launch that decides the light rows.)"""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    elems = needs_elements(top_k, top_p, vocab, BLOCK // VEC, VEC)
+    elems = needs_elements(top_k, top_p, vocab, BLOCK // VEC, BLOCK, BUF)
     lane_max, lane_mass, x_max, arg, finite, mass, _, elem_max = lanes_and_stats(
-        row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False, elems=elems,
-        ELEMS=True)
+        row_ptr, vocab, temperature, -1, needs_mass(top_k, top_p, vocab), BLOCK, STAGES, 0, False,
+        prefix_ptr=elements_of(buf_ptr, BLOCK // VEC), chunk=element_chunk(vocab, BLOCK, BUF), elems=elems,
+        ELEMS=2 if BLOCK < BUF else 1)  # (segments: `element_count`)
     return lane_max, lane_mass, x_max, arg, finite, mass, elem_max
 
 
@@ -270,43 +275,78 @@ def needs_mass(top_k, top_p, vocab):
 
 
 @triton.jit
-def needs_elements(top_k, top_p, vocab, LANES: tl.constexpr, VEC: tl.constexpr):
-    """Whether a filtered row's pass keeps its element maxima (`lane_stats`' ELEMS): a top-k row
-    whose k exceeds the lanes, up to their LANES x VEC elements (`element_bound`)."""
+def needs_elements(top_k, top_p, vocab, LANES: tl.constexpr, BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """Whether a filtered row's pass (BLOCK logits a step) keeps its element maxima (`lane_stats`'
+    ELEMS): a top-k row whose k exceeds the lanes, up to the elements (`element_count`)."""
     use_k, _ = filters(top_k, top_p, vocab)
-    return use_k & (top_k > LANES) & (top_k <= LANES * VEC)
+    return use_k & (top_k > LANES) & (top_k <= element_count(BLOCK, BUF))
+
+
+@triton.jit
+def element_count(BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """The element maxima of a pass of BLOCK logits a step: BUF (half as many as the list holds
+    tokens: 2048 at V = 151936), or BLOCK where a step holds more (`sample_rows`' bfloat16 pass:
+    4096), so a row's steps fall in BUF // BLOCK segments or one (`element_chunk`). More
+    elements make the k-th largest maximum a closer bound: at top-k 1000 on every row kind at
+    V = 151936 (session 70, a CPU count), the tokens at or above it in float32's 1024 elements
+    of a whole row up to ~6200 on rows of many ties, more than the list holds (4096), in 2048
+    ~1900. 4096 (two segments in bfloat16) cost its top-k 1000 rows ~0.2x of the floor in the
+    row launches (the FILTERED launch's `element_bound` over twice the maxima) for lists that
+    fit already (H100, session 70). A runtime value (`element_bound` takes it as a constexpr)."""
+    return tl.full((), BUF if BLOCK < BUF else BLOCK, tl.int32)
+
+
+@triton.jit
+def element_chunk(vocab, BLOCK: tl.constexpr, BUF: tl.constexpr):
+    """The logits of each segment of a row whose pass keeps its element maxima (`element_count`):
+    its steps split evenly, the last segment shorter; each element the tokens of one place of
+    the steps within one segment."""
+    return tl.cdiv(tl.cdiv(vocab, BLOCK), element_count(BLOCK, BUF) // BLOCK) * BLOCK
+
+
+@triton.jit
+def elements_of(buf_ptr, LANES: tl.constexpr):
+    """The element maxima's words in a filtered row's list (`store_lanes`): after the lanes'."""
+    return buf_ptr + LANES + LANES // 2
 
 
 @triton.jit
 def store_lanes(buf_ptr, lane_max, lane_mass, stats_ptr, x_max, arg, finite, mass, BUF: tl.constexpr, elem_max,
-                elems):
+                elems, vocab):
     """A filtered row's pass results, for `bound_and_collect` in a later launch: the lane
     masses (float64) at words [0, LANES) of its candidate list, the lane maxima (float32) at
-    words [LANES, 1.5 LANES), with `elems` the element maxima (float32) after them
-    (`load_lanes` and `element_bound` read them before `bound_and_collect` overwrites the list),
-    the row's stats in its STATS words (`scratch.store_stats`)."""
+    words [LANES, 1.5 LANES), with `elems` the element maxima (float32, `element_count`) after
+    them: the pass stored each segment's but the last (`element_chunk`), the last segment's are
+    elem_max, and any segment past the row's holds -inf (`load_lanes` and `element_bound` read
+    them before `bound_and_collect` overwrites the list); the row's stats in its STATS words
+    (`scratch.store_stats`)."""
     LANES: tl.constexpr = lane_max.shape[0]
-    E: tl.constexpr = elem_max.shape[0] * elem_max.shape[1]
-    tl.static_assert(3 * LANES + E <= 4 * BUF)  # the 1.5 LANES + E / 2 words fit the 2 * BUF of the list
+    BLOCK: tl.constexpr = elem_max.shape[0] * elem_max.shape[1]
+    tl.static_assert(3 * LANES + BLOCK <= 4 * BUF)  # the 1.5 LANES + `element_count` / 2 words fit the
+    tl.static_assert(3 * LANES + BUF <= 4 * BUF)  # 2 * BUF of the list
     r = tl.arange(0, LANES)
     tl.store(buf_ptr.to(tl.pointer_type(tl.float64)) + r, lane_mass)
     tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + r, lane_max)
     if elems:
         at = tl.arange(0, elem_max.shape[0])[:, None] * elem_max.shape[1] + tl.arange(0, elem_max.shape[1])[None, :]
-        tl.store((buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + at, elem_max)
+        last = tl.cdiv(vocab, element_chunk(vocab, BLOCK, BUF)) - 1  # (the segments the pass stored)
+        maxima = elements_of(buf_ptr, LANES).to(tl.pointer_type(tl.float32))
+        tl.store(maxima + last * BLOCK + at, elem_max)
+        for s in range(last + 1, element_count(BLOCK, BUF) // BLOCK):
+            tl.store(maxima + s * BLOCK + at, tl.full(elem_max.shape, float("-inf"), tl.float32))
     store_stats(stats_ptr, tl.zeros((), dtype=tl.int64) - 1, x_max, arg, finite, mass)
 
 
 @triton.jit
 def element_bound(buf_ptr, top_k, LANES: tl.constexpr, E: tl.constexpr, KEY_SHIFT: tl.constexpr):
     """The unsigned key of the k-th largest of `store_lanes`' E element maxima (-1 where fewer
-    than k of them are finite): each is a distinct token's logit (an element's steps are its own
-    tokens), so k tokens have a key at or above it, and so does every top-k token. By binary
+    than k of them are finite): each is a distinct token's logit (an element's tokens are its
+    own), so k tokens have a key at or above it, and so does every top-k token. By binary
     lifting over the maxima's codes (`cut_select.coarse_key`: the KEY_SHIFT low bits the row's
     dtype leaves constant dropped) less the smallest: one count over the E maxima a bit of the
     codes' range (at most 16 in a 16-bit dtype, ~8-10 on LLM rows whose maxima share a sign;
     32 before), then the key of that code."""
-    maxima = (buf_ptr + LANES).to(tl.pointer_type(tl.float32)) + LANES + tl.arange(0, E)
+    maxima = elements_of(buf_ptr, LANES).to(tl.pointer_type(tl.float32)) + tl.arange(0, E)
     x = sanitize(tl.load(maxima))
     finite = x > float("-inf")
     n_finite = tl.sum(finite.to(tl.int32), 0)
@@ -360,8 +400,9 @@ def bound_and_collect(row_ptr, vocab, temperature, top_k, top_p, lane_max, lane_
     if above_lanes & (finite > 0):
         # through scratch: a bound picks the collect's slots (the package docstring's rule)
         ties = sample_ties_at_max(row_ptr, vocab, top_k, x_max)
-        if (ties < 0) & needs_elements(top_k, top_p, vocab, LANES, VEC):
-            ties = element_bound(buf_ptr, top_k, LANES, LANES * VEC, KEY_SHIFT)
+        if (ties < 0) & needs_elements(top_k, top_p, vocab, LANES, LANES * VEC, BUF):
+            ELEMENTS: tl.constexpr = BUF if LANES * VEC < BUF else LANES * VEC  # (`element_count`)
+            ties = element_bound(buf_ptr, top_k, LANES, ELEMENTS, KEY_SHIFT)
         tl.store(stats_ptr + S_BOUND, ties)
         tl.debug_barrier()  # stored by other threads
         first = tl.load(stats_ptr + S_BOUND)

@@ -121,9 +121,38 @@ def store_prefix(prefix_ptr, lane_max, lane_mass, scale):
 def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
                COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr, prefix_ptr, chunk, prefixes,
                PREFIXES: tl.constexpr, elems, ELEMS: tl.constexpr):
-    """`lane_stats`' pass over the row (FAST, ELEMS: see `_fold_step`; PREFIXES: see `lane_stats`)."""
+    """`lane_stats`' pass over the row (FAST, ELEMS: see `_fold_step`; PREFIXES and the elements'
+    segments: see `lane_stats`). With segments (ELEMS 2) a row that keeps its element maxima (a
+    top-k row: no mass, no prefixes) takes a copy of the loop of its own: the segments' stores in
+    the loop that sums masses took ~28 more registers on sm_90 (the first row launch of
+    `dflash_verify`: 4 programs an SM -> 3)."""
+    if ELEMS == 2:
+        if elems:
+            lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _pass_steps(
+                row_ptr, vocab, temperature, draft, False, BLOCK, STAGES, lo, COUNT, False, FAST, prefix_ptr, chunk,
+                True, False, True, 2)
+        else:
+            lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _pass_steps(
+                row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, FAST, prefix_ptr,
+                chunk, prefixes, PREFIXES, False, 0)
+    else:
+        lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _pass_steps(
+            row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, FAST, prefix_ptr, chunk,
+            prefixes, PREFIXES, elems, ELEMS)
+    return lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max
+
+
+@triton.jit
+def _pass_steps(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr, STAGES: tl.constexpr, lo,
+                COUNT: tl.constexpr, BELOW: tl.constexpr, FAST: tl.constexpr, mark_ptr, chunk, marked,
+                PREFIXES: tl.constexpr, elems, ELEMS: tl.constexpr):
+    """`_lane_pass`' loop: the row's steps folded (the element maxima with ELEMS and `elems`);
+    with `marked`, at each chunk end inside the row, PREFIXES: the prefix mass's pair at
+    mark_ptr (then the next pair), ELEMS 2: the segment's element maxima (one of the two:
+    `_lane_pass`)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     LANES: tl.constexpr = BLOCK // VEC
+    MARKS: tl.constexpr = PREFIXES or ELEMS == 2  # (whether a chunk end can do anything)
     lane_max = tl.full((LANES,), float("-inf"), tl.float32)
     lane_step = tl.zeros((LANES,), dtype=tl.int32) + lo
     lane_finite = tl.zeros((LANES,), dtype=tl.int32)
@@ -133,17 +162,23 @@ def _lane_pass(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     full = lo + (vocab - lo) // BLOCK * BLOCK
     scale = weight_scale(temperature)
-    until = tl.where(prefixes & (chunk < vocab), chunk, -1)  # (PREFIXES) the next chunk end inside the row, or -1
+    until = tl.where(marked & (chunk < vocab), chunk, -1)  # the next chunk end inside the row, or -1
+    segment = tl.zeros((), dtype=tl.int32)  # (ELEMS: the segments stored)
     for start in tl.range(lo, full, BLOCK, num_stages=STAGES):  # whole steps: no mask
         raw = tl.load(row_ptr + start + grid)
         lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _fold_step(
             raw, start, start + grid, draft, scale, sampling, lane_max, lane_step, lane_finite, lane_mass,
             lane_below, elem_max, elems, COUNT, BELOW, BLOCK, FAST, ELEMS)
-        if PREFIXES:
+        if MARKS:
             if start + BLOCK == until:  # (uniform over the program)
-                store_prefix(prefix_ptr, lane_max, lane_mass, scale)
-                prefix_ptr += 2  # (carried: computing the pair's address from `until` instead drops the
-                # float32 instance's 8-byte stack on sm_90 but slowed the bf16 row launches)
+                if ELEMS == 2:  # this segment's element maxima; the next segment's start from -inf
+                    tl.store(mark_ptr.to(tl.pointer_type(tl.float32)) + segment * BLOCK + grid, elem_max)
+                    elem_max = tl.full((LANES, VEC), float("-inf"), tl.float32)
+                    segment += 1
+                else:
+                    store_prefix(mark_ptr, lane_max, lane_mass, scale)
+                    mark_ptr += 2  # (carried: computing the pair's address from `until` instead drops the
+                    # float32 instance's 8-byte stack on sm_90 but slowed the bf16 row launches)
                 until = tl.where(until + chunk < vocab, until + chunk, -1)
     if full < vocab:  # the last, partial step
         offs = full + grid
@@ -186,8 +221,13 @@ def lane_stats(row_ptr, vocab, temperature, draft, sampling, BLOCK: tl.constexpr
     token needs to read one chunk (`light_token_from_prefixes`). Each chunk end costs the
     pass one block reduction (the alternatives cost about as much: `launch.prefix_chunks`).
 
-    ELEMS (and `elems`): also each element's maximum ([LANES, VEC], see `_fold_step`; else a
-    [LANES, VEC] of -inf), the last result."""
+    ELEMS (1 or 2, and `elems`): also each element's maximum ([LANES, VEC], see `_fold_step`;
+    else a [LANES, VEC] of -inf), the last result. ELEMS 2: an element is one place of the steps
+    within one segment of `chunk` logits (lo = 0, a multiple of BLOCK,
+    `filtered.element_chunk`): at each segment's end but the row's last, its maxima go to the
+    BLOCK float32 from prefix_ptr (then the next BLOCK) and the maxima start again; the last
+    segment's are the result (`filtered.store_lanes` stores them after the others).
+    `prefixes` and `elems`: one at most."""
     lane_max, lane_step, lane_finite, lane_mass, lane_below, elem_max = _lane_pass(
         row_ptr, vocab, temperature, draft, sampling, BLOCK, STAGES, lo, COUNT, BELOW, True, prefix_ptr, chunk,
         prefixes, PREFIXES, elems, ELEMS)

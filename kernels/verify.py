@@ -58,7 +58,8 @@ from .launch import (SELECT_WARPS, check_inputs, check_length, checked_scratch, 
                      launch_config, prefix_chunks, select_config, select_programs)
 from .cut_select import (SELECT_BEGIN, SELECT_PASS, SELECT_ROUNDS, SELECT_SEARCH, SPLIT_BITS, pass_item, pass_span_bits,
                          select_pass_part, select_rounds, select_search)
-from .filtered import bound_and_collect, filtered_token, load_lanes, needs_elements, needs_mass, store_lanes
+from .filtered import (bound_and_collect, element_chunk, elements_of, filtered_token, load_lanes, needs_elements,
+                       needs_mass, store_lanes)
 from .scratch import (FILTERED_ROW, PASS_ROW, R_MASS, R_MATCH, R_TOKEN, R_X_MAX, S_X_MAX, SEARCH_LATER,
                       UNDECIDED, UNUSED_SLOT, V_MISS, V_QUEUE, V_QUEUED, Scratch, load_f32, load_f64,
                       parts_of, prefixes_of, results_of, scratch_width, stats_of, store_moot, store_pair,
@@ -149,10 +150,13 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
     # (NaN temperature compares false: greedy)
     sampling = tl.where(light, temperature > 0, top_p_alone)
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
-    elems = ~light & needs_elements(top_k, top_p, vocab, BLOCK // VEC, VEC)
+    elems = ~light & needs_elements(top_k, top_p, vocab, BLOCK // VEC, BLOCK, BUF)
+    # a chunk end stores a temperature-only row's prefix mass, or the element maxima of a top-k row's segment
     lane_max, lane_mass, x_max, arg, finite, mass, below, elem_max = lanes_and_stats(
-        row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES, prefix_ptr=prefixes_of(work, BUF), chunk=chunk,
-        prefixes=light & sampling, PREFIXES=True, elems=elems, ELEMS=True)
+        row_ptr, vocab, temperature, d, sampling, BLOCK, STAGES,
+        prefix_ptr=tl.where(elems, elements_of(work, BLOCK // VEC), prefixes_of(work, BUF)),
+        chunk=tl.where(elems, element_chunk(vocab, BLOCK, BUF), chunk), prefixes=light & sampling, PREFIXES=True,
+        elems=elems, ELEMS=2 if BLOCK < BUF else 1)  # (segments: `filtered.element_count`)
     if light:
         token, match = light_decision(row_ptr, vocab, temperature, tl.load(seed_ptr),
                                       tl.load(start_position_ptr) + j + 1, d, sampling, x_max, arg, finite, mass,
@@ -165,7 +169,8 @@ def _decide_row(row_ptr, vocab, temperature, top_k, top_p, seed_ptr, start_posit
         store_results(results, arg.to(tl.int64), match, x_max, mass)
         tl.store(verify_of(work, BUF) + V_MISS, (~match).to(tl.int64))
     else:
-        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF, elem_max, elems)
+        store_lanes(work, lane_max, lane_mass, stats_of(work, BUF), x_max, arg, finite, mass, BUF, elem_max, elems,
+                    vocab)
         store_pair(results, owner, j, row, draft)
         # no finite logit (token -1) or no draft in range: a miss whatever the filters
         miss = (finite == 0) | (draft_in_range < 0)

@@ -234,31 +234,35 @@ def test_rows_tied_at_the_max_are_decided_by_one_walk(dtype):
     assert [r for r in range(n) if work.stats(r)["bot"] != NEVER] == ([12] if dtype == torch.bfloat16 else [6, 12])
 
 
-def _element_bound(x: torch.Tensor, k: int, block: int) -> tuple[int, int]:
-    """(the k-th largest of a row's BLOCK element maxima as an unsigned key, the tokens at or
-    above it): element e holds the tokens i = e mod BLOCK."""
+def _element_bound(x: torch.Tensor, k: int, block: int, elements: int) -> tuple[int, int]:
+    """(the k-th largest of a row's element maxima as an unsigned key, the tokens at or above
+    it): the row's steps of `block` in elements // block segments of equal steps (the last
+    shorter), element e of segment s the tokens i = e mod block of that segment."""
     bits = x.float().view(torch.int32).long()
     keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + 2**31
-    padded = torch.cat([keys, torch.full((-keys.numel() % block,), -1)])
-    bound = int(padded.view(-1, block).amax(0).sort(descending=True).values[k - 1])
+    i = torch.arange(keys.numel())
+    per = -(-(-(-keys.numel() // block)) // (elements // block)) * block  # a segment's logits
+    maxima = torch.full((elements,), -1).scatter_reduce(0, i % block + block * (i // per), keys, "amax")
+    bound = int(maxima.sort(descending=True).values[k - 1])
     return bound, int((keys >= bound).sum())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
     """A top-k row whose k exceeds the lanes but not their elements (BLOCK 16: 4 lanes of 4
-    float32 or 2 of 8 bfloat16 / float16, 16 elements) keeps each element's max in its pass; the
+    float32 or 2 of 8 bfloat16 / float16, 16 elements a segment of the row, half as many as the
+    list holds: 2 segments of 22 steps) keeps each element's max in its pass; the
     k-th largest of them is a bound of the cut (k distinct tokens reach it), so the select's
     first pass lists every token at or above it, and where they fit the list (64) that one pass
     decides the row. Random rows of V = 700 (not a whole number of steps; a third of them with
     maxima on both sides of 0, one with +inf) under top-k from
-    the lanes + 1 to 16, alone and with top-p, in sample_rows and dflash_verify: the bound,
+    the lanes + 1 to 30, alone and with top-p, in sample_rows and dflash_verify: the bound,
     the first pass's thresholds (the region, then just below the bound's key twice) and the
     reference's tokens, that one pass the count pass (its parts sum no mass); rows whose tokens
     above the bound overflow the list (repeated logits) take more passes, within the bound."""
     g = torch.Generator().manual_seed(93)
     vocab, lanes = 700, BLOCK // (128 // torch.finfo(dtype).bits)
-    modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 16, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
+    modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 30, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
     x = torch.randn(3 * len(modes), vocab, generator=g) * 2
     x[len(modes):2 * len(modes)] -= 4  # (element maxima on both sides of 0: keys of both signs)
     x[len(modes), 7] = float("inf")  # (FLT_MAX once sanitized: a code of its own in 16-bit dtypes)
@@ -282,7 +286,7 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
         parts = -(-vocab // launch.select_config(vocab, logits.element_size())[0])
         for r in range(n):
             st = work.stats(r)
-            bound, above = _element_bound(logits[r], picked[r][1], BLOCK)
+            bound, above = _element_bound(logits[r], picked[r][1], BLOCK, LIST // 2)
             assert st["bound"] == bound, (r, st["bound"], bound)
             assert st["passes"] <= pass_bound(vocab, 1 + (picked[r][2] < 1)), (r, st["passes"])
             if above <= LIST and picked[r][2] == 1.0:
