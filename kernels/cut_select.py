@@ -12,9 +12,10 @@ row's stage in its scratch (`S_PHASE`):
   `pass_span_bits`); the next launch sums the spans (`_fold_parts`);
 - *rounds* (likewise): the pass folded in, then the rounds until the cut is found or another
   pass is wanted; then *pass* and *rounds* again, the last rounds reading any further pass in
-  this program itself (so the bound below holds within the launches: rows whose list
-  overflowed, as float32 rows of many ties under top-k 1000, read their second pass split
-  over the GPU, not one program an SM);
+  this program itself (so the bound below holds within the launches): a row that wants a
+  second pass (a top-p row whose bracket missed the cut, a list that overflowed) reads it split
+  over the GPU, not in one program an SM (top-p worst 4.3-4.9x -> 3.5-4.3x the floor, H100,
+  benchmarks/HISTORY.md, session 70);
 - *search* (one light program a row): step 7 by a pass (`select_search`), where the list
   does not hold the kept set.
 The rounds (~250 registers: one 8-warp program an SM; `verify.GROUP` rows a program in
