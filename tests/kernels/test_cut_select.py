@@ -255,14 +255,15 @@ def test_top_k_above_the_lanes_starts_from_the_element_maxima(dtype):
     k-th largest of them is a bound of the cut (k distinct tokens reach it), so the select's
     first pass lists every token at or above it, and where they fit the list (64) that one pass
     decides the row. Random rows of V = 700 (not a whole number of steps; a third of them with
-    maxima on both sides of 0, one with +inf) under top-k from
-    the lanes + 1 to 30, alone and with top-p, in sample_rows and dflash_verify: the bound,
+    maxima on both sides of 0, one with +inf) under top-k from the lanes + 1 to 16 (half the
+    elements: `filtered.needs_elements`), alone and with top-p, in sample_rows and
+    dflash_verify: the bound,
     the first pass's thresholds (the region, then just below the bound's key twice) and the
     reference's tokens, that one pass the count pass (its parts sum no mass); rows whose tokens
     above the bound overflow the list (repeated logits) take more passes, within the bound."""
     g = torch.Generator().manual_seed(93)
     vocab, lanes = 700, BLOCK // (128 // torch.finfo(dtype).bits)
-    modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 30, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
+    modes = [(1.0, lanes + 1, 1.0), (0.8, 9, 1.0), (1.2, 16, 1.0), (1.0, 12, 0.9), (0.7, 16, 0.6)]
     x = torch.randn(3 * len(modes), vocab, generator=g) * 2
     x[len(modes):2 * len(modes)] -= 4  # (element maxima on both sides of 0: keys of both signs)
     x[len(modes), 7] = float("inf")  # (FLT_MAX once sanitized: a code of its own in 16-bit dtypes)
