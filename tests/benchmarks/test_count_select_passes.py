@@ -1,9 +1,12 @@
 """`benchmarks/count_select_passes.py` (the sample select's passes, counted by the kernel itself in
 the interpreter): its table has a cell per kind and filtered mode, the counts are within the
-module docstring's bound, and it fails on a token outside SPEC.md's bands."""
+module docstring's bound, and it fails on a token outside SPEC.md's bands; the same for
+`dflash_verify`'s select (`--op`), with more top-k modes (`--top-k`)."""
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -34,3 +37,33 @@ def test_a_wrong_token_fails_the_run(monkeypatch, capsys):
     monkeypatch.setattr(counter.heads, "SampleRows", OffByOne)
     assert counter.main(["--vocab", "5000", "--kinds", "flat"]) == 1
     assert "tokens outside SPEC.md's bands: 0" not in capsys.readouterr().out
+
+
+def test_counts_dflash_verify_rows_with_more_top_k_modes(capsys):
+    # each row an owner of its own (decided whatever its draft); top-k 2000 above the lanes, a column of its own
+    assert counter.main(["--vocab", "5000", "--kinds", "flat", "--op", "dflash_verify", "--dtype", "float32",
+                         "--top-k", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("dflash_verify, V = 5000 float32"), out
+    header = next(line for line in out.splitlines() if line.startswith("| kind"))
+    assert header.split("|")[-2].strip() == "top-k 2000", header
+    assert "tokens outside SPEC.md's bands: 0" in out
+
+
+def test_a_wrong_dflash_verify_token_fails_the_run(monkeypatch, capsys):
+    real = counter.heads.DFlashVerify
+
+    class OffByOne(real):
+        def forward(self, *args):
+            accepted, token = super().forward(*args)
+            return accepted, token + 1
+
+    monkeypatch.setattr(counter.heads, "DFlashVerify", OffByOne)
+    assert counter.main(["--vocab", "5000", "--kinds", "flat", "--op", "dflash_verify"]) == 1
+    assert "tokens outside SPEC.md's bands: 0" not in capsys.readouterr().out
+
+
+def test_a_top_k_without_a_cut_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        counter.main(["--vocab", "5000", "--top-k", "5000"])
+    assert "--top-k [5000]" in capsys.readouterr().err
