@@ -86,7 +86,7 @@ tokens (float32 weights summed in float64): sums in another order, SPEC.md's leg
 import triton
 import triton.language as tl
 
-from .common import key_value, ordered_key, sanitize, scaled_weight, weight_scale
+from .common import FLT_MAX, key_value, ordered_key, sanitize, scaled_weight, weight_scale
 from .sampling_rule import INT64_MAX, INT64_MIN, KEY_OFFSET, LANE_BITS, filters, pack, pack_key
 from .scratch import (PH_PASS, PH_ROUNDS, PH_SEARCH, S_BOUND, S_BRACKETS, S_COUNT, S_FILL, S_FINITE_N, S_HAVE_LIST,
                       S_LIST_N, S_LIST_PARTS, S_PASSES, S_PHASE, S_SEARCH_LO, S_SEARCH_PREFIX, S_THRESHOLDS,
@@ -181,18 +181,31 @@ def _lowest_inf():
 
 
 @triton.jit
-def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
-    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
-    lane claims its slots with one atomic add on the fill word (`_threshold_pass`), the first
-    LIST claims stored."""
+def _claim(member, fill_ptr):
+    """A pass step's slots in the list for its tokens where member ([LANES, VEC]): each lane claims
+    its slots with one atomic add on the fill word (the list's next free slot); the lane's first
+    slot, for `_store_claimed`."""
+    claimed = tl.sum(member.to(tl.int64), 1)
+    return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+
+
+@triton.jit
+def _store_claimed(p, member, at, list_ptr, LIST: tl.constexpr):
+    """A step's tokens (packed p where member) stored at the slots `_claim` gave from `at` on, the
+    first LIST slots only."""
     VEC: tl.constexpr = p.shape[1]
     column = tl.arange(0, VEC)[None, :]
-    claimed = tl.sum(member.to(tl.int32), 1)
-    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
     for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
         m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
         tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
-        at += m_v.to(tl.int32)
+        at += m_v.to(tl.int64)
+
+
+@triton.jit
+def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
+    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list
+    (`_claim`, then `_store_claimed`), the first LIST claims stored."""
+    _store_claimed(p, member, _claim(member, fill_ptr), list_ptr, LIST)
 
 
 @triton.jit
@@ -288,23 +301,39 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 
 
 @triton.jit
-def _count_step(row_ptr, offs, hi, t, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr, MASKED: tl.constexpr):
-    """One step of `_count_pass`: its accumulators, updated (MASKED as `_threshold_step`'s; the
-    load written out in each step, not a helper's: the logits pick the list's slots, and a
-    helper given the row would count it as written: the package docstring's rule)."""
+def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
+                MASKED: tl.constexpr, TIES: tl.constexpr, FINITE: tl.constexpr):
+    """One step of `_count_pass` over the logits start + grid: its accumulators, updated. A token
+    is above t where its logit is above xs (the step's own threshold: `_count_pass`); TIES, where
+    above t's logit xt or equal to it below index lim; FINITE: the finite count and the lowest
+    too. MASKED as `_threshold_step`'s; the load written out
+    in each step, not a helper's: the logits pick the list's slots, and a helper given the row
+    would count it as written (the package docstring's rule)."""
+    offs = start + grid
     if MASKED:
-        x = sanitize(tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")))
+        x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
     else:
-        x = sanitize(tl.load(row_ptr + offs))
-    key = ordered_key(x)
-    p = pack_key(key, offs)
-    member = p > t  # (-inf above no threshold: `_count_pass` raised it)
-    finite = x > float("-inf")
+        x = tl.load(row_ptr + offs).to(tl.float32)
+    clamped = tl.minimum(x, FLT_MAX, propagate_nan=tl.PropagateNan.ALL)  # (+inf as sanitized; NaN stays)
+    if TIES:
+        member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
+    else:
+        member = x > xs  # (NaN: false)
     n += tl.sum(member.to(tl.int32), 1)
-    nf += tl.sum(finite.to(tl.int32), 1)
-    low = tl.minimum(low, tl.min(tl.where(finite, key, 2147483647), 1))
-    _store_members(p, member, fill_ptr, list_ptr, LIST)
+    if FINITE:
+        finite = x > float("-inf")  # (not NaN)
+        nf += tl.sum(finite.to(tl.int32), 1)
+        low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+    _store_members(_packed_step(ordered_key(clamped + 0.0), start, grid), member, fill_ptr, list_ptr, LIST)  # (-0 + 0
+    # = +0: sanitized)
     return n, nf, low
+
+
+@triton.jit
+def _packed_step(key, start, grid):
+    """The packed tokens of a step's keys at start + grid (~index: one add a token)."""
+    low_word = ((tl.full((), -1, tl.int32) - start) - grid).to(tl.uint32, bitcast=True).to(tl.int64)
+    return (key.to(tl.int64) << 32) | low_word
 
 
 @triton.jit
@@ -314,39 +343,66 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
     finite tokens above t counted and stored in the list, the row's finite count and its lowest
     token; no weight, no mass (a count goal's rounds read none of this pass's: nothing is above
-    the list's top). Its step has half the instructions of `_threshold_pass`'s (sm_90: 244
-    against 488 a step of 8 logits a thread; the select's pass launch 580 -> 420 us on top-k
-    1000: benchmarks/HISTORY.md, session 68). Returns `_threshold_pass`'s values, the masses 0."""
+    the list's top). Fewer instructions a step than `_threshold_pass`'s (sm_90, 8 logits a
+    thread: 488; 244 in session 68, the launch 580 -> 420 us on top-k 1000:
+    benchmarks/HISTORY.md), fewer again where it compares the float logits: a token
+    is above t = (key, ~i) where its logit is above t's (xt, the key's float) or equals it below
+    index i (lim), which needs no key a logit and no sanitizing (NaN compares false: above
+    nothing, not finite; +inf above all as FLT_MAX). A step whole below lim or at or above it
+    compares once a logit: with xs the next float below xt (at or above xt) or xt itself; the one
+    step that straddles lim counts no token in the loop, and again after it with the ties
+    (`_count_step`'s TIES). The keys and floats agree in order but at zero, where -0 and +0
+    compare equal, one key sanitized (0): so t's key -1 (-0's, no token's) counts as -2 without
+    ties, and the float below +0 is -0's next, not -0. Returns `_threshold_pass`'s values, the
+    masses 0."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
     t = tl.maximum(t, _lowest_inf())
+    tk = (t >> 32).to(tl.int32)
+    lim = tl.minimum(~t & LOW_BITS, tl.full((), 2147483647, tl.int64)).to(tl.int32)  # (ties below this index: ~i > t's)
+    lim = tl.where(tk == -1, 0, lim)
+    tk = tl.where(tk == -1, -2, tk)
+    xt = key_value(tk)  # (+inf or NaN past FLT_MAX: no sanitized logit above or equal)
+    x_above = tl.where(tk >= FLT_MAX_KEY, float("inf"), xt)  # (raw logits: +inf is above no threshold here)
+    below = tl.where(tk - 1 == -1, -2, tk - 1)
+    x_at = tl.where(below >= FLT_MAX_KEY, float("inf"), key_value(below))  # (the float below xt: above it is at or above xt;
+    # not -inf: -inf's key has lim 0)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     n = tl.zeros((LANES,), dtype=tl.int32)
     nf = tl.zeros((LANES,), dtype=tl.int32)
-    low = tl.full((LANES,), 2147483647, dtype=tl.int32)
+    low = tl.full((LANES,), float("inf"), dtype=tl.float32)
     whole = lo + (hi - lo) // STEP * STEP
     for start in tl.range(lo, whole, STEP, num_stages=STAGES):
-        n, nf, low = _count_step(row_ptr, start + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, False)
+        xs = tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))
+        n, nf, low = _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, False,
+                                 False, True)
+    straddle = lo + (lim - lo) // STEP * STEP
+    if (lo < lim) & (straddle < whole) & (straddle < lim):  # (its tokens above t: none counted in the loop)
+        n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,
+                                 False, True, False)
     if whole < hi:
-        n, nf, low = _count_step(row_ptr, whole + grid, hi, t, fill_ptr, list_ptr, n, nf, low, LIST, True)
+        n, nf, low = _count_step(row_ptr, whole, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, True,
+                                 True, True)
     q = tl.arange(0, 4)
     above_n = tl.where(q < 2, 0, tl.sum(n, 0)).to(tl.int64)
     n_finite = tl.sum(nf, 0)
-    lowest = tl.where(n_finite > 0, tl.min(low, 0).to(tl.int64) << 32, INT64_MAX)
+    low_key = ordered_key(tl.minimum(tl.min(low, 0), FLT_MAX) + 0.0)  # (+inf as FLT_MAX)
+    lowest = tl.where(n_finite > 0, low_key.to(tl.int64) << 32, INT64_MAX)
     return above_n, tl.zeros((4,), dtype=tl.float64), lowest, n_finite.to(tl.int64), tl.zeros((), dtype=tl.float64)
 
 
 @triton.jit
 def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
-              STAGES: tl.constexpr):
-    """The pass a pass round wants over the row's logits [lo, hi): `_count_pass` where the goal is
-    a count and the thresholds are its form, else `_threshold_pass`. STAGES: the loads' pipeline
+              STAGES: tl.constexpr, COUNT: tl.constexpr):
+    """The pass a pass round wants over the row's logits [lo, hi): with COUNT, `_count_pass` where
+    the goal is a count and the thresholds are its form, else `_threshold_pass` (which counts the
+    same: the rounds launch's own pass, its registers at the limit). STAGES: the loads' pipeline
     depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself, which
     spilled at more)."""
     by_mass = load_goal(stats_ptr)[1]  # (a barrier first: stored by other threads)
     t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)  # (descending: t0 >= t1)
     t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
-    if (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
+    if COUNT & (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
         above_n, above_m, lowest, n_finite, m_finite = _count_pass(row_ptr, lo, hi, t2, stats_ptr + S_FILL, list_ptr,
                                                                    LIST, LANES, STAGES)
     else:
@@ -884,7 +940,7 @@ def select_rounds(row_ptr, vocab, temperature, top_k, top_p, u, x_max, list_ptr,
                 if INLINE:
                     tl.debug_barrier()  # (stored by other threads)
                     above_n, above_m, lowest, n_finite, m_finite = _row_pass(
-                        row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES, 2)
+                        row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES, 2, False)
                     tl.store(stats_ptr + S_PASSES, tl.load(stats_ptr + S_PASSES) + 1)
                     tl.store(stats_ptr + S_LIST_PARTS, 0)
                     _narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)
@@ -941,7 +997,7 @@ def select_pass_part(row_ptr, vocab, temperature, x_max, list_ptr, stats_ptr, pa
         lo = c * chunk
         above_n, above_m, lowest, n_finite, m_finite = _row_pass(
             row_ptr, lo, lo + tl.minimum(span * chunk, vocab - lo), x_max, weight_scale(temperature), stats_ptr,
-            list_ptr, 2 * BUF, LANES, PASS_STAGES)
+            list_ptr, 2 * BUF, LANES, PASS_STAGES, True)
         store_part(part_of(parts_ptr, c), above_n, above_m, lowest, n_finite, m_finite)
         clear_parts(parts_ptr, c + 1, c + span)
         if c == 0:

@@ -572,3 +572,73 @@ def test_top_p_goes_on_in_top_ks_list_in_the_same_round():
     assert stats["by_mass"] == 1 and math.isclose(got_goal, top_p * s_k, rel_tol=1e-5)
     assert n_p < k and int(out) == 1 and stats["cut"] == int(order[n_p - 1])
     assert stats["cut_listed"] == 1 and stats["list_lo"] == int(order[k - 1]) - 1
+
+
+@triton.jit
+def _count_pass_kernel(row_ptr, lo, hi, t, fill_ptr, list_ptr, out_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+    above_n, _, lowest, n_finite, _ = cut_select._count_pass(row_ptr, lo, hi, tl.zeros((), dtype=tl.int64) + t,
+                                                             fill_ptr, list_ptr, LIST, LANES, 2)
+    tl.store(out_ptr + tl.arange(0, 4), above_n)
+    tl.store(out_ptr + 4, lowest)
+    tl.store(out_ptr + 5, n_finite)
+
+
+def _sanitized_packed(row: torch.Tensor) -> torch.Tensor:
+    """SPEC.md step 1 (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), then the packed tokens."""
+    x = row.float()
+    x = torch.where(x.isnan(), float("-inf"), x).clamp(max=3.4028234663852886e38)
+    x = torch.where(x == 0, 0.0, x)
+    return _packed(x, torch.arange(x.numel())), x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_count_pass_lists_the_tokens_above_any_threshold(dtype):
+    """`_count_pass` (float compares, a threshold a step, the step that straddles the tie index
+    again with ties) against a plain count over the sanitized packed tokens, on a row of every
+    special value (NaN of both signs, +-inf, +-0, FLT_MAX, the dtype's largest, float32's least, runs
+    of ties across steps): thresholds at a key of each kind (-0's key -1, +0's, FLT_MAX's, +inf's,
+    past it, -inf's, the least's) with tie indices at, inside and past the steps, and spans that
+    start inside the row; the count above, the listed set (the list holds it), the finite count
+    and the lowest finite token."""
+    g = torch.Generator().manual_seed(71)
+    lanes = 8
+    step = lanes * (4 if dtype == torch.float32 else 8)
+    vocab = 7 * step + 13  # (a tail step)
+    big = 3.3895313892515355e38 if dtype == torch.bfloat16 else 3.4028234663852886e38
+    tiny = 1.1754943508222875e-38 if dtype == torch.bfloat16 else 1.401298464324817e-45  # (the interpreter's
+    # bfloat16 -> float32 flushes denormals to zero; the GPU's does not: float32 alone takes one)
+    specials = [float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, big, -big, tiny, -tiny, 1.0, -1.0]
+    row = (torch.randn(vocab, generator=g) * 2).round()  # (few values: ties everywhere)
+    at = torch.randperm(vocab, generator=g)
+    for i, v in enumerate(specials):
+        row[at[4 * i:4 * i + 4]] = v
+    row = row.to(dtype)
+    row[-3:] = float("nan")  # (the lowest finite token not the last)
+    packed, x = _sanitized_packed(row)
+    key_of = lambda v: int(_packed(torch.tensor([v]), torch.tensor([0]))[0]) >> 32  # noqa: E731
+    flt_max_key = key_of(3.4028234663852886e38)
+    keys = [-1, key_of(0.0), key_of(1.0), key_of(-1.0), key_of(tiny), key_of(-tiny), flt_max_key, flt_max_key + 1,
+            flt_max_key + 5, key_of(float("-inf")), key_of(big)]
+    ties = [0, 1, 5, step - 1, step, step + 3, 3 * step + 17, vocab - 1, vocab, 2**31 + 7]
+    lowest_inf = (key_of(float("-inf")) << 32) | 0xFFFFFFFF
+    row_dev = row.to(DEVICE)
+    for lo, hi in ((0, vocab), (step, 5 * step + 9), (2 * step, 3 * step)):
+        for tk in keys:
+            for i in ties:
+                t = ((tk << 32) | (0xFFFFFFFF - i)) if i < 2**32 else ((tk << 32) - 1)
+                t = max(t, -2**63)
+                span = slice(lo, hi)
+                members = packed[span][packed[span] > max(t, lowest_inf)]
+                finite = x[span] > float("-inf")
+                fill = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+                lst = torch.full((512,), -5, dtype=torch.int64, device=DEVICE)
+                out = torch.zeros(6, dtype=torch.int64, device=DEVICE)
+                _count_pass_kernel[(1,)](row_dev, lo, hi, t, fill, lst, out, LIST=512, LANES=lanes)
+                out, lst = out.cpu(), lst.cpu()
+                case = (lo, hi, tk, i)
+                assert out[:4].tolist() == [0, 0, members.numel(), members.numel()], case
+                assert int(fill[0]) == members.numel(), case
+                assert sorted(lst[:members.numel()].tolist()) == sorted(members.tolist()), case
+                assert (lst[members.numel():] == -5).all(), case
+                assert int(out[5]) == int(finite.sum()), case
+                assert int(out[4]) == (int(packed[span][finite].min()) >> 32 << 32 if finite.any() else INT64_MAX), case
