@@ -79,7 +79,7 @@ def _edits() -> dict[str, list[tuple[str, str]]]:
                 f"x_max,\n{i16}              scale, (tl.zeros((), dtype=tl.int64) + vocab).to(tl.float64) / LIST, "
                 "LIST, KEY_SHIFT)\n")
     inline_pass = (f"{i20}above_n, above_m, lowest, n_finite, m_finite = _row_pass(\n"
-                   f"{i20}    row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES, 2)\n")
+                   f"{i20}    row_ptr, 0, vocab, x_max, scale, stats_ptr, list_ptr, LIST, PASS_LANES, 2, False)\n")
     narrow = f"{i20}_narrow(stats_ptr, above_n, above_m, lowest, n_finite, m_finite, LIST)\n"
     search_start = (f"{i12}_search_start(list_ptr, stats_ptr, parts_ptr, vocab, chunk, cut, x_max, scale, "
                     f"u.to(tl.float64) * s_kept,\n{i12}              LIST)\n")

@@ -617,12 +617,12 @@ def test_the_count_pass_lists_the_tokens_above_any_threshold(dtype):
     packed, x = _sanitized_packed(row)
     key_of = lambda v: int(_packed(torch.tensor([v]), torch.tensor([0]))[0]) >> 32  # noqa: E731
     flt_max_key = key_of(3.4028234663852886e38)
-    keys = [-1, key_of(0.0), key_of(1.0), key_of(-1.0), key_of(tiny), key_of(-tiny), flt_max_key, flt_max_key + 1,
-            flt_max_key + 5, key_of(float("-inf")), key_of(big)]
-    ties = [0, 1, 5, step - 1, step, step + 3, 3 * step + 17, vocab - 1, vocab, 2**31 + 7]
+    keys = [-1, key_of(0.0), key_of(1.0), key_of(-1.0), key_of(tiny), flt_max_key, flt_max_key + 1,
+            key_of(float("-inf")), key_of(big)]
+    ties = [0, 5, step, step + 3, 3 * step + 17, vocab, 2**31 + 7]
     lowest_inf = (key_of(float("-inf")) << 32) | 0xFFFFFFFF
     row_dev = row.to(DEVICE)
-    for lo, hi in ((0, vocab), (step, 5 * step + 9), (2 * step, 3 * step)):
+    for lo, hi in ((0, vocab), (step, 5 * step + 9)):
         for tk in keys:
             for i in ties:
                 t = ((tk << 32) | (0xFFFFFFFF - i)) if i < 2**32 else ((tk << 32) - 1)
