@@ -184,10 +184,12 @@ def graph_ms(fn, argsets) -> float:
 
 # A kernel launched several times a call, by its place among them (the launch order of `kernels/verify.py`
 # and `kernels/sample_rows.py`): its launches share one name, so the profiler alone would lump them.
+SELECT_STAGES = ("select pass", "select rounds", "select pass 2", "select rounds 2", "select search")  # (session 70:
+# the pass and rounds twice, the second rounds reading any further pass itself)
 LAUNCH_STAGES = {"verify_rows_kernel": ("rows", "filtered rows"),
-                 "verify_filtered_kernel": ("select begin", "select pass", "select rounds", "select search"),
+                 "verify_filtered_kernel": ("select begin", *SELECT_STAGES),
                  "sample_rows_kernel": ("rows", "filtered rows"),
-                 "sample_select_kernel": ("select pass", "select rounds", "select search")}
+                 "sample_select_kernel": SELECT_STAGES}
 
 
 def by_launch(kernels: list[tuple[str, float, float]], calls: int) -> list[tuple[str, float]]:

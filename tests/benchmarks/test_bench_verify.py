@@ -93,18 +93,19 @@ def test_kinds_table_breaks_down_each_modes_worst_cell(monkeypatch):
 
 
 def test_breakdown_tells_apart_the_launches_of_one_kernel_by_their_order():
-    """`by_launch`: two calls of dflash_verify's seven launches (events out of order): each launch of
+    """`by_launch`: two calls of dflash_verify's nine launches (events out of order): each launch of
     verify_filtered_kernel under its stage, verify_rows_kernel's two apart, accept alone; a kernel
     whose count does not divide by the calls keeps its name with its launches summed."""
     launches = [("verify_rows_kernel", 10.0), ("verify_rows_kernel", 2.0), ("verify_filtered_kernel", 1.0),
-                ("verify_filtered_kernel", 40.0), ("verify_filtered_kernel", 20.0), ("verify_filtered_kernel", 3.0),
-                ("verify_accept_kernel", 0.5)]
+                ("verify_filtered_kernel", 40.0), ("verify_filtered_kernel", 20.0), ("verify_filtered_kernel", 8.0),
+                ("verify_filtered_kernel", 6.0), ("verify_filtered_kernel", 3.0), ("verify_accept_kernel", 0.5)]
     events = [(name, call * 100.0 + i, us * (call + 1)) for call in range(2) for i, (name, us) in enumerate(launches)]
     events.append(("memcpy", 150.0, 6.0))
     got = dict(bench_verify.by_launch(events[::-1], calls=2))
     assert got == {"verify_rows_kernel rows": 15.0, "verify_rows_kernel filtered rows": 3.0,
                    "verify_filtered_kernel select begin": 1.5, "verify_filtered_kernel select pass": 60.0,
-                   "verify_filtered_kernel select rounds": 30.0, "verify_filtered_kernel select search": 4.5,
+                   "verify_filtered_kernel select rounds": 30.0, "verify_filtered_kernel select pass 2": 12.0,
+                   "verify_filtered_kernel select rounds 2": 9.0, "verify_filtered_kernel select search": 4.5,
                    "verify_accept_kernel": 0.75, "memcpy": 3.0}
     assert bench_verify.by_launch([("k", 0.0, 1.0), ("k", 1.0, 2.0), ("k", 2.0, 4.0), ("k", 3.0, 8.0)], 2) == [
         ("k #2", 5.0), ("k #1", 2.5)]
@@ -138,6 +139,9 @@ def test_empty_launches_drops_each_launch_with_nothing_to_do_and_no_token_change
     every = {("verify_rows_kernel", False, None), ("verify_rows_kernel", True, None),
              ("verify_accept_kernel", None, None), *(("verify_filtered_kernel", None, s) for s in range(4))}
     assert set(launched[0]) == every and len(launched[0]) == 9  # (the select's pass and rounds twice)
+    for name, words in bench_verify.LAUNCH_STAGES.items():  # (the breakdown's labels: one a launch)
+        if name.startswith("verify"):
+            assert sum(k == name for k, _, _ in launched[0]) == len(words), name
     dropped = [every - set(calls) for calls in launched[1:8]]
     assert dropped == [{("verify_rows_kernel", True, None)}, *({("verify_filtered_kernel", None, s)} for s in
                                                                 (0, 2, 1, 3)),
