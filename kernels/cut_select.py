@@ -324,8 +324,9 @@ def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf
         finite = x > float("-inf")  # (not NaN)
         nf += tl.sum(finite.to(tl.int32), 1)
         low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
-    _store_members(_packed_step(ordered_key(clamped + 0.0), start, grid), member, fill_ptr, list_ptr, LIST)  # (-0 + 0
-    # = +0: sanitized)
+    if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
+        _store_members(_packed_step(ordered_key(clamped + 0.0), start, grid), member, fill_ptr, list_ptr, LIST)  # (-0 +
+        # 0 = +0: sanitized)
     return n, nf, low
 
 
@@ -365,8 +366,8 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     xt = key_value(tk)  # (+inf or NaN past FLT_MAX: no sanitized logit above or equal)
     x_above = tl.where(tk >= FLT_MAX_KEY, float("inf"), xt)  # (raw logits: +inf is above no threshold here)
     below = tl.where(tk - 1 == -1, -2, tk - 1)
-    x_at = tl.where(below >= FLT_MAX_KEY, float("inf"), key_value(below))  # (the float below xt: above it is at or above xt;
-    # not -inf: -inf's key has lim 0)
+    x_at = tl.where(below >= FLT_MAX_KEY, float("inf"), key_value(below))  # (the float below xt: above it is at or
+    # above xt; not -inf: -inf's key has lim 0)
     grid = tl.arange(0, LANES)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     n = tl.zeros((LANES,), dtype=tl.int32)
     nf = tl.zeros((LANES,), dtype=tl.int32)

@@ -52,6 +52,9 @@
 #   scripts/gpu-checks.sh wait SECONDS   waits up to SECONDS for the detached stage, then copies its $OUT and
 #                                   log into this call's $OUT; call it again, at once (an idle machine goes
 #                                   back within a minute), until it says "done"
+#   scripts/gpu-checks.sh count-pass the select's count pass alone (top-k's first pass from an element bound),
+#                                   with and without its list, x floor, bf16 and fp32 ($OUT/COUNT_PASS.md;
+#                                   benchmarks/bench_count_pass.py, --tree DIR: another tree's kernels beside)
 #   scripts/gpu-checks.sh sample-select  issue #25's sample select: each stage's time, x floor, on flat,
 #                                   power-law and peaked rows, bf16 and fp32, top-p 0.9 / 0.99, top-k 1000
 #                                   ($OUT/SAMPLE_SELECT.md)
@@ -230,6 +233,13 @@ occupancy)
 attention)
   timeout 560 python3 benchmarks/bench_attention.py "${@:2}" --out "$OUT/ATTENTION.md" 2>&1 | tail -30
   ;;
+count-pass)
+  # the select's count pass alone, with and without its list, beside the floor; --tree DIR (a copy of
+  # another commit's kernels/, e.g. under .probe/, carried) times that tree's side by side
+  for dtype in bfloat16 float32; do
+    timeout 200 python3 benchmarks/bench_count_pass.py --dtype "$dtype" "${@:2}"
+  done 2>&1 | tee "$OUT/COUNT_PASS.md" | grep -v "^$" | tail -40
+  ;;
 sample-select)
   for dtype in bfloat16 float32; do
     for mode in "--top-p 0.9" "--top-p 0.99" "--top-k 1000"; do
@@ -285,7 +295,7 @@ chain)
   done
   echo "== chain done in $(( $(date +%s) - start )) s"
   ;;
-*) echo "usage: scripts/gpu-checks.sh kernels|parity-small|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|sample-select [options]" >&2
+*) echo "usage: scripts/gpu-checks.sh kernels|parity-small|sanitizer|lowering|dflash|smoke|runtime|runner-bench|profile|bench|launches|stalls|phases|occupancy|attention|count-pass|sample-select [options]" >&2
    echo "       scripts/gpu-checks.sh detach \"stage [options]\"; scripts/gpu-checks.sh wait SECONDS   (past one call)" >&2
    echo "       scripts/gpu-checks.sh chain SECONDS \"stage [options]\" ...   (stages in turn within SECONDS)" >&2; exit 2 ;;
 esac
