@@ -181,31 +181,18 @@ def _lowest_inf():
 
 
 @triton.jit
-def _claim(member, fill_ptr):
-    """A pass step's slots in the list for its tokens where member ([LANES, VEC]): each lane claims
-    its slots with one atomic add on the fill word (the list's next free slot); the lane's first
-    slot, for `_store_claimed`."""
-    claimed = tl.sum(member.to(tl.int64), 1)
-    return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
-
-
-@triton.jit
-def _store_claimed(p, member, at, list_ptr, LIST: tl.constexpr):
-    """A step's tokens (packed p where member) stored at the slots `_claim` gave from `at` on, the
-    first LIST slots only."""
+def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
+    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
+    lane claims its slots with one atomic add on the fill word (`_threshold_pass`), the first
+    LIST claims stored."""
     VEC: tl.constexpr = p.shape[1]
     column = tl.arange(0, VEC)[None, :]
+    claimed = tl.sum(member.to(tl.int32), 1)
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
     for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
         m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
         tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
-        at += m_v.to(tl.int64)
-
-
-@triton.jit
-def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
-    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list
-    (`_claim`, then `_store_claimed`), the first LIST claims stored."""
-    _store_claimed(p, member, _claim(member, fill_ptr), list_ptr, LIST)
+        at += m_v.to(tl.int32)
 
 
 @triton.jit
@@ -306,9 +293,9 @@ def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf
     """One step of `_count_pass` over the logits start + grid: its accumulators, updated. A token
     is above t where its logit is above xs (the step's own threshold: `_count_pass`); TIES, where
     above t's logit xt or equal to it below index lim; FINITE: the finite count and the lowest
-    too. MASKED as `_threshold_step`'s; the load written out
-    in each step, not a helper's: the logits pick the list's slots, and a helper given the row
-    would count it as written (the package docstring's rule)."""
+    too. MASKED as `_threshold_step`'s; the load written out in each step, not a helper's: the
+    logits pick the list's slots, and a helper given the row would count it as written (the
+    package docstring's rule)."""
     offs = start + grid
     if MASKED:
         x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
