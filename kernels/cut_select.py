@@ -312,16 +312,9 @@ def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf
         nf += tl.sum(finite.to(tl.int32), 1)
         low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
     if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
-        _store_members(_packed_step(ordered_key(clamped + 0.0), start, grid), member, fill_ptr, list_ptr, LIST)  # (-0 +
-        # 0 = +0: sanitized)
+        _store_members(pack_key(ordered_key(clamped + 0.0), offs), member, fill_ptr, list_ptr, LIST)  # (-0 + 0 = +0:
+        # sanitized)
     return n, nf, low
-
-
-@triton.jit
-def _packed_step(key, start, grid):
-    """The packed tokens of a step's keys at start + grid (~index: one add a token)."""
-    low_word = ((tl.full((), -1, tl.int32) - start) - grid).to(tl.uint32, bitcast=True).to(tl.int64)
-    return (key.to(tl.int64) << 32) | low_word
 
 
 @triton.jit
