@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import triton
 
+from bench_sample_select import packed_tokens
 from dflash_et.export import cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,10 +77,8 @@ def load_tree(kernels_dir: Path, name: str, tmp: Path):
 def thresholds(x: torch.Tensor, listed: int) -> torch.Tensor:
     """Packed values just below each row's `listed`-th largest key (every index): the pass lists
     the tokens at or above that logit, as from an element bound."""
-    kth = x.float().topk(listed, 1).values[:, -1]
-    bits = kth.view(torch.int32).long()
-    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (key << 32) - 1
+    kth = packed_tokens(x)[1].topk(listed, 1).values[:, -1]  # (SPEC.md's sanitized tokens, packed)
+    return ((kth >> 32) << 32) - 1
 
 
 def main(argv=None) -> int:
