@@ -19,7 +19,7 @@ from conftest import DEVICE
 from kernel_parity import check_samples, check_verify
 
 from dflash_et import kernels  # noqa: F401  (registers torch.ops.dflash)
-from dflash_et.export import cases, heads
+from dflash_et.export import cases, heads, sampling
 from dflash_et.kernels import cut_select, filtered, launch, scratch
 from dflash_et.kernels import sample_rows as sample_rows_kernel
 from dflash_et.kernels import verify as verify_kernel
@@ -584,10 +584,9 @@ def _count_pass_kernel(row_ptr, lo, hi, t, fill_ptr, list_ptr, out_ptr, LIST: tl
 
 
 def _sanitized_packed(row: torch.Tensor) -> torch.Tensor:
-    """SPEC.md step 1 (NaN -> -inf, +inf -> FLT_MAX, -0 -> +0), then the packed tokens."""
-    x = row.float()
-    x = torch.where(x.isnan(), float("-inf"), x).clamp(max=3.4028234663852886e38)
-    x = torch.where(x == 0, 0.0, x)
+    """SPEC.md step 1 (the reference's `sanitize`; + 0.0 merges -0 into +0, one key), then the
+    packed tokens."""
+    x = sampling.sanitize(row[None])[0] + 0.0
     return _packed(x, torch.arange(x.numel())), x
 
 
