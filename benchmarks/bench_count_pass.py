@@ -48,7 +48,7 @@ def whole_rows(logits_ptr, stride, vocab, t_ptr, fill_ptr, list_ptr, out_ptr, LI
                LANES: tl.constexpr, STAGES: tl.constexpr):
     r = tl.program_id(0)
     above_n, _, lowest, n_finite, _ = _count_pass(logits_ptr + r * stride, 0, vocab, tl.load(t_ptr + r), fill_ptr + r,
-                                                  list_ptr + r * LIST, LIST, LANES, STAGES)
+                                                  list_ptr + r * LIST, LIST, LANES{stages})
     tl.store(out_ptr + 3 * r, tl.sum(tl.where(tl.arange(0, 4) == 2, above_n, 0), 0))
     tl.store(out_ptr + 3 * r + 1, lowest)
     tl.store(out_ptr + 3 * r + 2, n_finite)
@@ -69,7 +69,10 @@ def load_tree(kernels_dir: Path, name: str, tmp: Path):
     for f in FILES:
         shutil.copy(kernels_dir / f, pkg / f)
     (pkg / "__init__.py").write_text("")
-    (pkg / "count_bench.py").write_text(WRAPPER)
+    source = (kernels_dir / "cut_select.py").read_text()
+    signature = source[source.index("def _count_pass("):].split(":\n", 1)[0]
+    (pkg / "count_bench.py").write_text(WRAPPER.replace("{stages}", ", STAGES" if "STAGES" in signature else ""))
+    # (trees before session 72 pipelined the pass's loads at a depth given: PASS_STAGES)
     sys.path.insert(0, str(tmp))
     return importlib.import_module(f"{name}.count_bench").whole_rows
 

@@ -181,18 +181,30 @@ def _lowest_inf():
 
 
 @triton.jit
-def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
-    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
-    lane claims its slots with one atomic add on the fill word (`_threshold_pass`), the first
-    LIST claims stored."""
+def _claim(member, fill_ptr):
+    """Each lane's first slot for a step's listed tokens (member, [LANES, VEC]): one atomic add
+    on the fill word a lane that lists any (`_threshold_pass`)."""
+    claimed = tl.sum(member.to(tl.int32), 1)
+    return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+
+
+@triton.jit
+def _scatter(p, member, at, list_ptr, LIST: tl.constexpr):
+    """A step's listed tokens (packed p where member, [LANES, VEC]) stored from each lane's claimed
+    slot at (`_claim`), the first LIST slots only."""
     VEC: tl.constexpr = p.shape[1]
     column = tl.arange(0, VEC)[None, :]
-    claimed = tl.sum(member.to(tl.int32), 1)
-    at = tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
     for v in tl.static_range(VEC):  # (one lane's register v each: no layout of its own for the scattered stores)
         m_v = tl.sum(tl.where(column == v, member, False).to(tl.int32), 1) > 0
         tl.store(list_ptr + at, tl.sum(tl.where(column == v, p, 0), 1), mask=m_v & (at < LIST))
-        at += m_v.to(tl.int32)
+        at += m_v.to(at.dtype)
+
+
+@triton.jit
+def _store_members(p, member, fill_ptr, list_ptr, LIST: tl.constexpr):
+    """A pass step's listed tokens (packed p where member, [LANES, VEC]) stored in the list: each
+    lane claims its slots (`_claim`), the first LIST claimed stored (`_scatter`)."""
+    _scatter(p, member, _claim(member, fill_ptr), list_ptr, LIST)
 
 
 @triton.jit
@@ -288,38 +300,40 @@ def _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl
 
 
 @triton.jit
-def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
-                MASKED: tl.constexpr, TIES: tl.constexpr, FINITE: tl.constexpr):
-    """One step of `_count_pass` over the logits start + grid: its accumulators, updated. A token
-    is above t where its logit is above xs (the step's own threshold: `_count_pass`); TIES, where
-    above t's logit xt or equal to it below index lim; FINITE: the finite count and the lowest
-    too. MASKED as `_threshold_step`'s; the load written out in each step, not a helper's: the
-    logits pick the list's slots, and a helper given the row would count it as written (the
-    package docstring's rule)."""
+def _listed_key(x, offs):
+    """The packed tokens of raw float32 logits x at offs, as the list holds them: sanitized
+    (+inf as FLT_MAX, -0 as +0; NaN's key, as no token listed, any)."""
+    return pack_key(ordered_key(tl.minimum(x, FLT_MAX, propagate_nan=tl.PropagateNan.ALL) + 0.0), offs)
+
+
+@triton.jit
+def _count_step(row_ptr, start, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
+                MASKED: tl.constexpr, FINITE: tl.constexpr):
+    """A step of `_count_pass` over the logits start + grid compared with ties (the step that
+    straddles lim, and the last, partial, step): its accumulators, updated. A token is above t
+    where its logit is above t's (xt) or equal to it below index lim; FINITE: the finite count and
+    the lowest too. MASKED as `_threshold_step`'s. Its tokens stored at once (`_store_members`);
+    the load written out here, not a helper's: the logits pick the list's slots, and a helper
+    given the row would count it as written (the package docstring's rule)."""
     offs = start + grid
     if MASKED:
         x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
     else:
         x = tl.load(row_ptr + offs).to(tl.float32)
     clamped = tl.minimum(x, FLT_MAX, propagate_nan=tl.PropagateNan.ALL)  # (+inf as sanitized; NaN stays)
-    if TIES:
-        member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
-    else:
-        member = x > xs  # (NaN: false)
+    member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
     n += tl.sum(member.to(tl.int32), 1)
     if FINITE:
         finite = x > float("-inf")  # (not NaN)
         nf += tl.sum(finite.to(tl.int32), 1)
         low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
-    if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
-        _store_members(pack_key(ordered_key(clamped + 0.0), offs), member, fill_ptr, list_ptr, LIST)  # (-0 + 0 = +0:
-        # sanitized)
+    if LIST > 0:
+        _store_members(_listed_key(x, offs), member, fill_ptr, list_ptr, LIST)
     return n, nf, low
 
 
 @triton.jit
-def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
-                STAGES: tl.constexpr):
+def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
     """`_threshold_pass` for a count goal whose list starts at the row's top (thresholds 0 and 1
     INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
     finite tokens above t counted and stored in the list, the row's finite count and its lowest
@@ -330,9 +344,9 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     is above t = (key, ~i) where its logit is above t's (xt, the key's float) or equals it below
     index i (lim), which needs no key a logit and no sanitizing (NaN compares false: above
     nothing, not finite; +inf above all as FLT_MAX). A step whole below lim or at or above it
-    compares once a logit: with xs the next float below xt (at or above xt) or xt itself; the one
+    compares once a logit: with the next float below xt (at or above xt) or xt itself; the one
     step that straddles lim counts no token in the loop, and again after it with the ties
-    (`_count_step`'s TIES). The keys and floats agree in order but at zero, where -0 and +0
+    (`_count_step`). The keys and floats agree in order but at zero, where -0 and +0
     compare equal, one key sanitized (0): so t's key -1 (-0's, no token's) counts as -2 without
     ties, and the float below +0 is -0's next, not -0. Returns `_threshold_pass`'s values, the
     masses 0."""
@@ -353,17 +367,42 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     nf = tl.zeros((LANES,), dtype=tl.int32)
     low = tl.full((LANES,), float("inf"), dtype=tl.float32)
     whole = lo + (hi - lo) // STEP * STEP
-    for start in tl.range(lo, whole, STEP, num_stages=STAGES):
-        xs = tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))
-        n, nf, low = _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, False,
-                                 False, True)
+    # the steps whole inside the row, written here (the package docstring's rule: the logits pick
+    # the list's slots): each step's slots claimed in it, its tokens stored in the next, when the
+    # claim is back (`_claim`'s round trip to L2, ~1 us, not waited on a step); the logits loaded
+    # two steps ahead into registers (a value carried across steps stops Triton's pipelining)
+    last = tl.maximum(whole - STEP, lo)  # (the prefetches past the last step read it again)
+    ahead_1 = tl.load(row_ptr + lo + grid, mask=tl.zeros_like(grid) + lo < whole, other=0.0)
+    ahead_2 = tl.load(row_ptr + tl.minimum(lo + STEP, last) + grid, mask=tl.zeros_like(grid) + lo < whole, other=0.0)
+    held = tl.zeros_like(ahead_1)  # (the last step's logits, members and claims)
+    held_member = tl.zeros((LANES, VEC), dtype=tl.int1)
+    held_at = tl.zeros((LANES,), dtype=fill_ptr.dtype.element_ty)
+    held_start = lo
+    for start in tl.range(lo, whole, STEP, num_stages=1):
+        raw = ahead_1
+        x = raw.to(tl.float32)
+        ahead_1 = ahead_2
+        ahead_2 = tl.load(row_ptr + tl.minimum(start + 2 * STEP, last) + grid)
+        member = x > tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))  # (NaN: false)
+        n += tl.sum(member.to(tl.int32), 1)
+        finite = x > float("-inf")  # (not NaN)
+        nf += tl.sum(finite.to(tl.int32), 1)
+        low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+        if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
+            at = _claim(member, fill_ptr)
+            _scatter(_listed_key(held.to(tl.float32), held_start + grid), held_member, held_at, list_ptr, LIST)
+            held = raw
+            held_member = member
+            held_at = at
+            held_start = start
+    if LIST > 0:
+        _scatter(_listed_key(held.to(tl.float32), held_start + grid), held_member, held_at, list_ptr, LIST)
     straddle = lo + (lim - lo) // STEP * STEP
     if (lo < lim) & (straddle < whole) & (straddle < lim):  # (its tokens above t: none counted in the loop)
-        n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,
-                                 False, True, False)
+        n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, False,
+                                 False)
     if whole < hi:
-        n, nf, low = _count_step(row_ptr, whole, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, True,
-                                 True, True)
+        n, nf, low = _count_step(row_ptr, whole, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, True, True)
     q = tl.arange(0, 4)
     above_n = tl.where(q < 2, 0, tl.sum(n, 0)).to(tl.int64)
     n_finite = tl.sum(nf, 0)
@@ -377,15 +416,15 @@ def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.const
               STAGES: tl.constexpr, COUNT: tl.constexpr):
     """The pass a pass round wants over the row's logits [lo, hi): with COUNT, `_count_pass` where
     the goal is a count and the thresholds are its form, else `_threshold_pass` (which counts the
-    same: the rounds launch's own pass, its registers at the limit). STAGES: the loads' pipeline
-    depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself, which
-    spilled at more)."""
+    same: the rounds launch's own pass, its registers at the limit). STAGES: the threshold pass's
+    pipeline depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself,
+    which spilled at more); the count pass prefetches its own."""
     by_mass = load_goal(stats_ptr)[1]  # (a barrier first: stored by other threads)
     t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)  # (descending: t0 >= t1)
     t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
     if COUNT & (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
         above_n, above_m, lowest, n_finite, m_finite = _count_pass(row_ptr, lo, hi, t2, stats_ptr + S_FILL, list_ptr,
-                                                                   LIST, LANES, STAGES)
+                                                                   LIST, LANES)
     else:
         above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr,
                                                                        list_ptr, LIST, LANES, STAGES)

@@ -577,7 +577,7 @@ def test_top_p_goes_on_in_top_ks_list_in_the_same_round():
 @triton.jit
 def _count_pass_kernel(row_ptr, lo, hi, t, fill_ptr, list_ptr, out_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
     above_n, _, lowest, n_finite, _ = cut_select._count_pass(row_ptr, lo, hi, tl.zeros((), dtype=tl.int64) + t,
-                                                             fill_ptr, list_ptr, LIST, LANES, 2)
+                                                             fill_ptr, list_ptr, LIST, LANES)
     tl.store(out_ptr + tl.arange(0, 4), above_n)
     tl.store(out_ptr + 4, lowest)
     tl.store(out_ptr + 5, n_finite)
@@ -597,8 +597,9 @@ def test_the_count_pass_lists_the_tokens_above_any_threshold(dtype):
     special value (NaN of both signs, +-inf, +-0, FLT_MAX, the dtype's largest, float32's least, runs
     of ties across steps): thresholds at a key of each kind (-0's key -1, +0's, FLT_MAX's, +inf's,
     past it, -inf's, the least's) with tie indices at, inside and past the steps, over a span that
-    starts inside the row; the count above, the listed set (the list holds it), the finite count
-    and the lowest finite token."""
+    starts inside the row (and two short ones: no whole step, one: the prefetches and the held
+    step's stores at their ends); the count above, the listed set (the list holds it), the finite
+    count and the lowest finite token."""
     g = torch.Generator().manual_seed(71)
     lanes = 8
     step = lanes * (4 if dtype == torch.float32 else 8)
@@ -621,9 +622,11 @@ def test_the_count_pass_lists_the_tokens_above_any_threshold(dtype):
     ties = [0, 5, step, step + 3, 3 * step + 17, vocab, 2**31 + 7]
     lowest_inf = (key_of(float("-inf")) << 32) | 0xFFFFFFFF
     row_dev = row.to(DEVICE)
-    for lo, hi in ((step, 5 * step + 9),):  # (a span inside the row, its last step partial)
-        for tk in keys:
-            for i in ties:
+    spans = (((step, 5 * step + 9), keys, ties),  # (a span inside the row, its last step partial)
+             ((3, step + 2), keys[1:3], ties[:3]), ((2 * step + 1, 3 * step + 1), keys[1:3], ties[:4]))
+    for (lo, hi), span_keys, span_ties in spans:
+        for tk in span_keys:
+            for i in span_ties:
                 t = ((tk << 32) | (0xFFFFFFFF - i)) if i < 2**32 else ((tk << 32) - 1)
                 t = max(t, -2**63)
                 span = slice(lo, hi)
