@@ -185,7 +185,7 @@ def _claim(member, fill_ptr):
     """Each lane's first slot for a step's listed tokens (member, [LANES, VEC]): one atomic add
     on the fill word a lane that lists any (`_threshold_pass`)."""
     claimed = tl.sum(member.to(tl.int32), 1)
-    return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed")
+    return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed").to(tl.int32)
 
 
 @triton.jit
@@ -307,33 +307,37 @@ def _listed_key(x, offs):
 
 
 @triton.jit
-def _count_step(row_ptr, start, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
-                MASKED: tl.constexpr, FINITE: tl.constexpr):
-    """A step of `_count_pass` over the logits start + grid compared with ties (the step that
-    straddles lim, and the last, partial, step): its accumulators, updated. A token is above t
-    where its logit is above t's (xt) or equal to it below index lim; FINITE: the finite count and
-    the lowest too. MASKED as `_threshold_step`'s. Its tokens stored at once (`_store_members`);
-    the load written out here, not a helper's: the logits pick the list's slots, and a helper
-    given the row would count it as written (the package docstring's rule)."""
+def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
+                MASKED: tl.constexpr, TIES: tl.constexpr, FINITE: tl.constexpr):
+    """One step of `_count_pass` over the logits start + grid, its tokens stored at once: its
+    accumulators, updated. A token is above t where its logit is above xs (the step's own
+    threshold: `_count_pass`); TIES, where above t's logit xt or equal to it below index lim;
+    FINITE: the finite count and the lowest too. MASKED as `_threshold_step`'s; the load written
+    out in each step, not a helper's: the logits pick the list's slots, and a helper given the row
+    would count it as written (the package docstring's rule)."""
     offs = start + grid
     if MASKED:
         x = tl.load(row_ptr + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
     else:
         x = tl.load(row_ptr + offs).to(tl.float32)
-    clamped = tl.minimum(x, FLT_MAX, propagate_nan=tl.PropagateNan.ALL)  # (+inf as sanitized; NaN stays)
-    member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
+    if TIES:
+        clamped = tl.minimum(x, FLT_MAX, propagate_nan=tl.PropagateNan.ALL)  # (+inf as sanitized; NaN stays)
+        member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
+    else:
+        member = x > xs  # (NaN: false)
     n += tl.sum(member.to(tl.int32), 1)
     if FINITE:
         finite = x > float("-inf")  # (not NaN)
         nf += tl.sum(finite.to(tl.int32), 1)
         low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
-    if LIST > 0:
+    if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
         _store_members(_listed_key(x, offs), member, fill_ptr, list_ptr, LIST)
     return n, nf, low
 
 
 @triton.jit
-def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
+def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANES: tl.constexpr,
+                STAGES: tl.constexpr):
     """`_threshold_pass` for a count goal whose list starts at the row's top (thresholds 0 and 1
     INT64_MAX, 2 and 3 one packed value t: top-k's first pass from an element bound): the
     finite tokens above t counted and stored in the list, the row's finite count and its lowest
@@ -352,6 +356,7 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     masses 0."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
+    HOLD: tl.constexpr = VEC <= 4  # (4-byte logits: a step's stores held to the next)
     t = tl.maximum(t, _lowest_inf())
     tk = (t >> 32).to(tl.int32)
     lim = tl.minimum(~t & LOW_BITS, tl.full((), 2147483647, tl.int64)).to(tl.int32)  # (ties below this index: ~i > t's)
@@ -367,42 +372,49 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     nf = tl.zeros((LANES,), dtype=tl.int32)
     low = tl.full((LANES,), float("inf"), dtype=tl.float32)
     whole = lo + (hi - lo) // STEP * STEP
-    # the steps whole inside the row, written here (the package docstring's rule: the logits pick
-    # the list's slots): each step's slots claimed in it, its tokens stored in the next, when the
-    # claim is back (`_claim`'s round trip to L2, ~1 us, not waited on a step); the logits loaded
-    # two steps ahead into registers (a value carried across steps stops Triton's pipelining)
-    last = tl.maximum(whole - STEP, lo)  # (the prefetches past the last step read it again)
-    ahead_1 = tl.load(row_ptr + lo + grid, mask=tl.zeros_like(grid) + lo < whole, other=0.0)
-    ahead_2 = tl.load(row_ptr + tl.minimum(lo + STEP, last) + grid, mask=tl.zeros_like(grid) + lo < whole, other=0.0)
-    held = tl.zeros_like(ahead_1)  # (the last step's logits, members and claims)
-    held_member = tl.zeros((LANES, VEC), dtype=tl.int1)
-    held_at = tl.zeros((LANES,), dtype=fill_ptr.dtype.element_ty)
-    held_start = lo
-    for start in tl.range(lo, whole, STEP, num_stages=1):
-        raw = ahead_1
-        x = raw.to(tl.float32)
-        ahead_1 = ahead_2
-        ahead_2 = tl.load(row_ptr + tl.minimum(start + 2 * STEP, last) + grid)
-        member = x > tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))  # (NaN: false)
-        n += tl.sum(member.to(tl.int32), 1)
-        finite = x > float("-inf")  # (not NaN)
-        nf += tl.sum(finite.to(tl.int32), 1)
-        low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
-        if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
-            at = _claim(member, fill_ptr)
-            _scatter(_listed_key(held.to(tl.float32), held_start + grid), held_member, held_at, list_ptr, LIST)
-            held = raw
-            held_member = member
-            held_at = at
-            held_start = start
-    if LIST > 0:
-        _scatter(_listed_key(held.to(tl.float32), held_start + grid), held_member, held_at, list_ptr, LIST)
+    if HOLD:  # the steps whole inside the row, written here (the package docstring's rule: the logits pick the
+        # list's slots): each step's slots claimed in it, its tokens stored in the next, when the claim is back
+        # (`_claim`'s round trip to L2, not waited on a step); the logits loaded two steps ahead into registers
+        # (a value carried across steps stops Triton's pipelining)
+        last = tl.maximum(whole - STEP, lo)  # (the prefetches past the last step read it again)
+        ahead_1 = tl.load(row_ptr + lo + grid, mask=tl.zeros_like(grid) + lo < whole, other=0.0)
+        ahead_2 = tl.load(row_ptr + tl.minimum(lo + STEP, last) + grid, mask=tl.zeros_like(grid) + lo < whole,
+                          other=0.0)
+        held = tl.zeros((LANES, VEC), dtype=tl.float32)  # (the last step's logits, members and claims)
+        held_member = tl.zeros((LANES, VEC), dtype=tl.int1)
+        held_at = tl.zeros((LANES,), dtype=tl.int32)
+        held_start = lo
+        for start in tl.range(lo, whole, STEP, num_stages=1):
+            x = ahead_1.to(tl.float32)
+            ahead_1 = ahead_2
+            ahead_2 = tl.load(row_ptr + tl.minimum(start + 2 * STEP, last) + grid)
+            member = x > tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))  # (NaN:
+            # false)
+            n += tl.sum(member.to(tl.int32), 1)
+            finite = x > float("-inf")  # (not NaN)
+            nf += tl.sum(finite.to(tl.int32), 1)
+            low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+            if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
+                at = _claim(member, fill_ptr)
+                _scatter(_listed_key(held, held_start + grid), held_member, held_at, list_ptr, LIST)
+                held = x
+                held_member = member
+                held_at = at
+                held_start = start
+        if LIST > 0:
+            _scatter(_listed_key(held, held_start + grid), held_member, held_at, list_ptr, LIST)
+    else:
+        for start in tl.range(lo, whole, STEP, num_stages=STAGES):
+            xs = tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))
+            n, nf, low = _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,
+                                     False, False, True)
     straddle = lo + (lim - lo) // STEP * STEP
     if (lo < lim) & (straddle < whole) & (straddle < lim):  # (its tokens above t: none counted in the loop)
-        n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, False,
-                                 False)
+        n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,
+                                 False, True, False)
     if whole < hi:
-        n, nf, low = _count_step(row_ptr, whole, grid, hi, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, True, True)
+        n, nf, low = _count_step(row_ptr, whole, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST, True,
+                                 True, True)
     q = tl.arange(0, 4)
     above_n = tl.where(q < 2, 0, tl.sum(n, 0)).to(tl.int64)
     n_finite = tl.sum(nf, 0)
@@ -424,7 +436,7 @@ def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.const
     t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
     if COUNT & (~by_mass) & (t1 == INT64_MAX) & (t2 == tl.load(stats_ptr + S_THRESHOLDS + 3)):
         above_n, above_m, lowest, n_finite, m_finite = _count_pass(row_ptr, lo, hi, t2, stats_ptr + S_FILL, list_ptr,
-                                                                   LIST, LANES)
+                                                                   LIST, LANES, STAGES)
     else:
         above_n, above_m, lowest, n_finite, m_finite = _threshold_pass(row_ptr, lo, hi, x_max, scale, stats_ptr,
                                                                        list_ptr, LIST, LANES, STAGES)

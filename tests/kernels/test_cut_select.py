@@ -577,7 +577,7 @@ def test_top_p_goes_on_in_top_ks_list_in_the_same_round():
 @triton.jit
 def _count_pass_kernel(row_ptr, lo, hi, t, fill_ptr, list_ptr, out_ptr, LIST: tl.constexpr, LANES: tl.constexpr):
     above_n, _, lowest, n_finite, _ = cut_select._count_pass(row_ptr, lo, hi, tl.zeros((), dtype=tl.int64) + t,
-                                                             fill_ptr, list_ptr, LIST, LANES)
+                                                             fill_ptr, list_ptr, LIST, LANES, 2)
     tl.store(out_ptr + tl.arange(0, 4), above_n)
     tl.store(out_ptr + 4, lowest)
     tl.store(out_ptr + 5, n_finite)
@@ -597,8 +597,8 @@ def test_the_count_pass_lists_the_tokens_above_any_threshold(dtype):
     special value (NaN of both signs, +-inf, +-0, FLT_MAX, the dtype's largest, float32's least, runs
     of ties across steps): thresholds at a key of each kind (-0's key -1, +0's, FLT_MAX's, +inf's,
     past it, -inf's, the least's) with tie indices at, inside and past the steps, over a span that
-    starts inside the row (and two short ones: no whole step, one: the prefetches and the held
-    step's stores at their ends); the count above, the listed set (the list holds it), the finite
+    starts inside the row (and two short ones: no whole step, one: float32's prefetches and held
+    step at their ends); the count above, the listed set (the list holds it), the finite
     count and the lowest finite token."""
     g = torch.Generator().manual_seed(71)
     lanes = 8
