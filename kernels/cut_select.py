@@ -183,7 +183,9 @@ def _lowest_inf():
 @triton.jit
 def _claim(member, fill_ptr):
     """Each lane's first slot for a step's listed tokens (member, [LANES, VEC]): one atomic add
-    on the fill word a lane that lists any (`_threshold_pass`)."""
+    on the fill word a lane that lists any (`_threshold_pass`). int32 (a slot is below V): the
+    slots' addresses, bounds and increments in 32 bits (the count pass's step, bf16: 227 -> 214
+    SASS instructions)."""
     claimed = tl.sum(member.to(tl.int32), 1)
     return tl.atomic_add(fill_ptr + tl.zeros_like(claimed), claimed, mask=claimed > 0, sem="relaxed").to(tl.int32)
 
@@ -353,10 +355,17 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     (`_count_step`). The keys and floats agree in order but at zero, where -0 and +0
     compare equal, one key sanitized (0): so t's key -1 (-0's, no token's) counts as -2 without
     ties, and the float below +0 is -0's next, not -0. Returns `_threshold_pass`'s values, the
-    masses 0."""
+    masses 0.
+
+    Without its list the pass reads at memory speed; the list costs its instructions, ~11 a logit
+    whether listed or not (the key, the slot's address and bound, the predicated store). 4-byte
+    logits (4 a thread a step) hold a step's stores to the next, when the claim is back, their
+    loads prefetched into registers; 2-byte logits (8 a thread) store at once from a pipelined
+    load, as holding took more instructions than it hid latency (`bench_count_pass.py`, H100:
+    float32 308 -> 272 us, bf16 265 -> 289; benchmarks/HISTORY.md, session 72)."""
     VEC: tl.constexpr = LANE_BITS // row_ptr.dtype.element_ty.primitive_bitwidth
     STEP: tl.constexpr = LANES * VEC
-    HOLD: tl.constexpr = VEC <= 4  # (4-byte logits: a step's stores held to the next)
+    HOLD: tl.constexpr = VEC <= 4  # (4-byte logits: a step's stores held to the next; see above)
     t = tl.maximum(t, _lowest_inf())
     tk = (t >> 32).to(tl.int32)
     lim = tl.minimum(~t & LOW_BITS, tl.full((), 2147483647, tl.int64)).to(tl.int32)  # (ties below this index: ~i > t's)
@@ -428,9 +437,9 @@ def _row_pass(row_ptr, lo, hi, x_max, scale, stats_ptr, list_ptr, LIST: tl.const
               STAGES: tl.constexpr, COUNT: tl.constexpr):
     """The pass a pass round wants over the row's logits [lo, hi): with COUNT, `_count_pass` where
     the goal is a count and the thresholds are its form, else `_threshold_pass` (which counts the
-    same: the rounds launch's own pass, its registers at the limit). STAGES: the threshold pass's
-    pipeline depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself,
-    which spilled at more); the count pass prefetches its own."""
+    same: the rounds launch's own pass, its registers at the limit). STAGES: the loads' pipeline
+    depth (PASS_STAGES in the pass launch; 2 where the rounds launch reads a pass itself, which
+    spilled at more; the count pass over 4-byte logits prefetches its own)."""
     by_mass = load_goal(stats_ptr)[1]  # (a barrier first: stored by other threads)
     t1 = tl.load(stats_ptr + S_THRESHOLDS + 1)  # (descending: t0 >= t1)
     t2 = tl.load(stats_ptr + S_THRESHOLDS + 2)
