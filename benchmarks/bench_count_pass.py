@@ -72,7 +72,7 @@ def load_tree(kernels_dir: Path, name: str, tmp: Path):
     source = (kernels_dir / "cut_select.py").read_text()
     signature = source[source.index("def _count_pass("):].split(":\n", 1)[0]
     (pkg / "count_bench.py").write_text(WRAPPER.replace("{stages}", ", STAGES" if "STAGES" in signature else ""))
-    # (trees before session 72 pipelined the pass's loads at a depth given: PASS_STAGES)
+    # (a tree whose pass takes no pipeline depth, as ce141ae's, which prefetched its loads itself: none passed)
     sys.path.insert(0, str(tmp))
     return importlib.import_module(f"{name}.count_bench").whole_rows
 
