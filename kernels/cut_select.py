@@ -350,9 +350,9 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
     is above t = (key, ~i) where its logit is above t's (xt, the key's float) or equals it below
     index i (lim), which needs no key a logit and no sanitizing (NaN compares false: above
     nothing, not finite; +inf above all as FLT_MAX). A step whole below lim or at or above it
-    compares once a logit: with the next float below xt (at or above xt) or xt itself; the one
+    compares once a logit: with xs the next float below xt (at or above xt) or xt itself; the one
     step that straddles lim counts no token in the loop, and again after it with the ties
-    (`_count_step`). The keys and floats agree in order but at zero, where -0 and +0
+    (`_count_step`'s TIES). The keys and floats agree in order but at zero, where -0 and +0
     compare equal, one key sanitized (0): so t's key -1 (-0's, no token's) counts as -2 without
     ties, and the float below +0 is -0's next, not -0. Returns `_threshold_pass`'s values, the
     masses 0.
