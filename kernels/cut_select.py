@@ -309,6 +309,26 @@ def _listed_key(x, offs):
 
 
 @triton.jit
+def _tally(x, member, n, nf, low, FINITE: tl.constexpr):
+    """A count-pass step's accumulators, updated from its float32 logits x and its tokens above t
+    (member): the count above t; FINITE: the finite count and the lowest finite logit too."""
+    n += tl.sum(member.to(tl.int32), 1)
+    if FINITE:
+        finite = x > float("-inf")  # (not NaN)
+        nf += tl.sum(finite.to(tl.int32), 1)
+        low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+    return n, nf, low
+
+
+@triton.jit
+def _step_threshold(start, lim, x_at, x_above, STEP: tl.constexpr):
+    """The float a count-pass step's logits compare with (`_count_pass`): x_at for a step whole
+    below the tie index lim, x_above for one at or above it, NaN (no token above) for the step
+    that straddles it."""
+    return tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))
+
+
+@triton.jit
 def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST: tl.constexpr,
                 MASKED: tl.constexpr, TIES: tl.constexpr, FINITE: tl.constexpr):
     """One step of `_count_pass` over the logits start + grid, its tokens stored at once: its
@@ -327,11 +347,7 @@ def _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf
         member = (clamped > xt) | ((clamped == xt) & (grid < lim - start))
     else:
         member = x > xs  # (NaN: false)
-    n += tl.sum(member.to(tl.int32), 1)
-    if FINITE:
-        finite = x > float("-inf")  # (not NaN)
-        nf += tl.sum(finite.to(tl.int32), 1)
-        low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+    n, nf, low = _tally(x, member, n, nf, low, FINITE)
     if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
         _store_members(_listed_key(x, offs), member, fill_ptr, list_ptr, LIST)
     return n, nf, low
@@ -397,12 +413,8 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
             x = ahead_1.to(tl.float32)
             ahead_1 = ahead_2
             ahead_2 = tl.load(row_ptr + tl.minimum(start + 2 * STEP, last) + grid)
-            member = x > tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))  # (NaN:
-            # false)
-            n += tl.sum(member.to(tl.int32), 1)
-            finite = x > float("-inf")  # (not NaN)
-            nf += tl.sum(finite.to(tl.int32), 1)
-            low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+            member = x > _step_threshold(start, lim, x_at, x_above, STEP)  # (NaN: false)
+            n, nf, low = _tally(x, member, n, nf, low, True)
             if LIST > 0:  # (LIST 0: the count alone: `benchmarks/bench_count_pass.py` times what the list costs)
                 at = _claim(member, fill_ptr)
                 _scatter(_listed_key(held, held_start + grid), held_member, held_at, list_ptr, LIST)
@@ -414,9 +426,8 @@ def _count_pass(row_ptr, lo, hi, t, fill_ptr, list_ptr, LIST: tl.constexpr, LANE
             _scatter(_listed_key(held, held_start + grid), held_member, held_at, list_ptr, LIST)
     else:
         for start in tl.range(lo, whole, STEP, num_stages=STAGES):
-            xs = tl.where(lim >= start + STEP, x_at, tl.where(lim <= start, x_above, float("nan")))
-            n, nf, low = _count_step(row_ptr, start, grid, hi, xs, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,
-                                     False, False, True)
+            n, nf, low = _count_step(row_ptr, start, grid, hi, _step_threshold(start, lim, x_at, x_above, STEP), xt,
+                                     lim, fill_ptr, list_ptr, n, nf, low, LIST, False, False, True)
     straddle = lo + (lim - lo) // STEP * STEP
     if (lo < lim) & (straddle < whole) & (straddle < lim):  # (its tokens above t: none counted in the loop)
         n, nf, low = _count_step(row_ptr, straddle, grid, hi, xt, xt, lim, fill_ptr, list_ptr, n, nf, low, LIST,

@@ -36,7 +36,7 @@ def test_trees_side_by_side_agree(tmp_path, capsys):
 
 
 def test_a_tree_that_counts_otherwise_fails_the_run(tmp_path, capsys):
-    count = "    n += tl.sum(member.to(tl.int32), 1)\n    if FINITE"  # (`_count_step`'s: bfloat16's loop)
+    count = "    n += tl.sum(member.to(tl.int32), 1)\n    if FINITE"  # (`_tally`'s: every step's count)
     wrong = _tree(tmp_path, "wrong", (count, count.replace(", 1)", ", 1) * 2")))
     assert bench.main(ARGS + ["--tree", wrong]) == 1
     assert "DIFFER" in capsys.readouterr().out
